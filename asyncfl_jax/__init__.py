@@ -1,0 +1,69 @@
+"""asyncfl_jax: a JAX-accelerated, vectorized simulator for asynchronous federated learning.
+
+The same experiment is a few calls::
+
+    import asyncfl_jax as afl
+
+    dataset = afl.data.synthetic_leaf(num_clients=100, alpha=1.0, beta=1.0)
+    model = afl.make_model("mlp", dataset.input_shape, dataset.num_classes)
+    task = afl.make_task(dataset, dataset.natural_partition, model)
+    schedule = afl.make_schedule("concurrent", 100, 300, afl.DelayModel(), seed=0,
+                                 concurrency=20, buffer_size=10, refill="boundary")
+    history = afl.simulate(task, afl.fedbuff(), schedule, afl.LocalConfig(steps=10, batch_size=32),
+                           seeds=[0, 1], hparams={"client_lr": [0.02, 0.05]})
+
+and the pieces are pure functions: :func:`make_simulation` returns the whole run as one function of (schedule
+arrays, hyper-parameters, key) that can be ``jax.jit``-ed and ``jax.vmap``-ed, and every algorithm is an
+:class:`Algorithm` of pure ``init`` / ``client`` / ``server`` functions.
+"""
+
+from asyncfl_jax import algorithms, data, timing
+from asyncfl_jax.algorithms import Algorithm, ServerMeta, asgd, fedasync, fedavg, fedbuff, get_algorithm
+from asyncfl_jax.client import LocalConfig, make_local_update
+from asyncfl_jax.engine import (
+    ScheduleArrays,
+    SimulationOutput,
+    default_hparams,
+    make_simulation,
+    schedule_arrays,
+    simulate,
+)
+from asyncfl_jax.models import Model, make_model, model_from_apply
+from asyncfl_jax.results import History, plot_accuracy, write_results
+from asyncfl_jax.task import Task, make_task
+from asyncfl_jax.timing import DelayModel, Schedule, make_schedule, schedule_summary
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Algorithm",
+    "DelayModel",
+    "History",
+    "LocalConfig",
+    "Model",
+    "Schedule",
+    "ScheduleArrays",
+    "ServerMeta",
+    "SimulationOutput",
+    "Task",
+    "algorithms",
+    "asgd",
+    "data",
+    "default_hparams",
+    "fedasync",
+    "fedavg",
+    "fedbuff",
+    "get_algorithm",
+    "make_local_update",
+    "make_model",
+    "make_schedule",
+    "make_simulation",
+    "make_task",
+    "model_from_apply",
+    "plot_accuracy",
+    "schedule_arrays",
+    "schedule_summary",
+    "simulate",
+    "timing",
+    "write_results",
+]

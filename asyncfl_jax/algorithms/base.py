@@ -1,0 +1,90 @@
+"""The algorithm interface: a small NamedTuple of pure functions over flat parameter vectors (optax style).
+
+An asynchronous FL algorithm is described by what each client sends and how the server folds messages in:
+
+* ``init(x0, num_clients) -> state``: the server state (it contains the global model ``x``; per-client server
+  memory such as caches has a leading client axis).
+* ``init_clients(x0, num_clients) -> client_state``: per-client memory kept *on the clients* (error-feedback
+  residuals, AREA's ``y_i``), a pytree with a leading client axis; ``()`` when there is none.
+* ``client(x_start, result, client_state_i, hp) -> (message, client_state_i)``: turns one local-training result
+  (a delta or a gradient, see ``local_output``) computed from the model ``x_start`` into the message the client
+  uploads, and updates that client's memory. It runs once per job.
+* ``server(state, messages, meta, hp) -> state``: one server step on the ``M`` messages that arrive at it
+  (``messages`` has a leading buffer axis; ``meta.mask`` marks real entries).
+* ``params(state) -> x``: the global model the server sends to clients and that is evaluated.
+
+``hp`` is a dict of scalar arrays (``server_lr``, ``alpha``...), read at call time so replicas can differ in them under
+``vmap``; static choices (a staleness function, a normalization rule) are fixed when the algorithm is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+HParams = Mapping[str, jax.Array]
+
+
+class ServerMeta(NamedTuple):
+    """What the server knows about the messages of one step.
+
+    Attributes:
+      clients: int32 [M] ids of the arriving clients (-1 for padding).
+      mask: bool [M] real entries.
+      staleness: int32 [M] ``t - version`` of each message (0 for padding).
+      step: int32 scalar, the server step ``t`` (the model being updated is ``x_t``).
+      time: float32 scalar, the virtual time of the step.
+    """
+
+    clients: jax.Array
+    mask: jax.Array
+    staleness: jax.Array
+    step: jax.Array
+    time: jax.Array
+
+
+class ServerState(NamedTuple):
+    """Server state of algorithms whose only state is the global model."""
+
+    x: jax.Array
+
+
+class Algorithm(NamedTuple):
+    """A federated algorithm as pure functions (see the module docstring)."""
+
+    name: str
+    init: Callable[[jax.Array, int], Any]
+    client: Callable[[jax.Array, jax.Array, Any, HParams], tuple[Any, Any]]
+    server: Callable[[Any, Any, ServerMeta, HParams], Any]
+    params: Callable[[Any], jax.Array]
+    init_clients: Callable[[jax.Array, int], Any]
+    local_output: str = "delta"
+    hyperparams: Mapping[str, float] = {}
+    options: Mapping[str, Any] = {}
+
+
+def init_model_only(x0: jax.Array, num_clients: int) -> ServerState:
+    del num_clients
+    return ServerState(x=x0)
+
+
+def no_client_state(x0: jax.Array, num_clients: int) -> tuple:
+    del x0, num_clients
+    return ()
+
+
+def send_result(x_start: jax.Array, result: jax.Array, client_state: Any, hp: HParams) -> tuple[jax.Array, Any]:
+    """The default client: upload the local result (the delta) unchanged, keep no memory."""
+    del x_start, hp
+    return result, client_state
+
+
+def model_of(state: Any) -> jax.Array:
+    return state.x
+
+
+def masked_weighted_sum(messages: jax.Array, weights: jax.Array) -> jax.Array:
+    """``sum_i w_i m_i`` over the buffer axis (weights of padding entries must be 0)."""
+    return jnp.tensordot(weights.astype(messages.dtype), messages, axes=1)

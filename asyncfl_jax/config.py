@@ -1,0 +1,407 @@
+"""Experiment configuration: one JSON-friendly object, validated before anything is compiled.
+
+An experiment is a dataset + partition + model + local-training setting + delay model shared by one or more *runs*;
+each run is an algorithm with its options, hyper-parameters (a list sweeps them) and arrival protocol. All runs use
+the same seeds. A configuration file is a JSON object with the same nesting as :class:`ExperimentConfig` (see
+``asyncfl run --print-config``); any option can also be set from the command line with ``--set section.key=value``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+from typing import Any
+
+from asyncfl_jax.algorithms import REGISTRY, get_algorithm
+from asyncfl_jax.timing.delays import DelayModel
+
+DATASETS = ("synthetic", "fashion_mnist", "mnist")
+PARTITIONS = ("natural", "iid", "dirichlet", "shards", "power_law")
+MODELS = ("logreg", "mlp", "cnn")
+PROTOCOLS = ("all_active", "concurrent", "synchronous")
+REFILLS = ("immediate", "boundary")
+
+
+class ConfigError(ValueError):
+    """An invalid option: the message names the option, the value and what is allowed."""
+
+
+def _fail(option: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"invalid option {option} = {value!r}: {allowed}")
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Dataset and partition. ``partition="natural"`` keeps LEAF Synthetic's own clients."""
+
+    name: str = "synthetic"
+    path: str | None = None
+    num_clients: int = 100
+    partition: str = "natural"
+    dirichlet_alpha: float = 0.3
+    min_size: int = 10
+    shards_per_client: int = 2
+    power_law_exponent: float = 1.5
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+    synthetic_max_samples: int | None = 500
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    name: str = "mlp"
+    hidden: list[int] = dataclasses.field(default_factory=lambda: [200, 200])
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class LocalTrainingConfig:
+    """Local training: K steps of batch B (``batch_size: null`` = full batch), or ``epochs`` over each client's data,
+    with SGD at learning rate ``lr`` (optional momentum and coupled weight decay)."""
+
+    steps: int = 10
+    batch_size: int | None = 32
+    epochs: float | None = None
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def hparams(self) -> dict[str, float]:
+        """The local-training hyper-parameters every run starts from (a run's ``hparams`` override them)."""
+        return {"client_lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
+
+
+@dataclasses.dataclass
+class ProtocolConfig:
+    """Arrival protocol: "all_active" (every client always training, one arrival per step), "concurrent" (Mc
+    clients in flight, a step every M arrivals, refill "immediate" or "boundary") or "synchronous" (FedAvg rounds
+    with ``participants`` clients, null = all)."""
+
+    name: str = "concurrent"
+    concurrency: int = 20
+    buffer_size: int = 10
+    refill: str = "boundary"
+    participants: int | None = None
+
+    def arrivals_per_step(self, num_clients: int) -> int:
+        if self.name == "all_active":
+            return 1
+        if self.name == "synchronous":
+            return self.participants or num_clients
+        return self.buffer_size
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """One algorithm run. Give its length as ``steps`` (server steps) or ``arrivals`` (client uploads)."""
+
+    algorithm: str = "fedbuff"
+    label: str | None = None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    hparams: dict[str, Any] = dataclasses.field(default_factory=dict)
+    protocol: ProtocolConfig = dataclasses.field(default_factory=ProtocolConfig)
+    steps: int | None = None
+    arrivals: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.label or self.algorithm
+
+    def num_steps(self, num_clients: int) -> int:
+        if self.steps is not None:
+            return int(self.steps)
+        per_step = self.protocol.arrivals_per_step(num_clients)
+        return max(1, int(self.arrivals) // per_step)
+
+
+def default_runs() -> list[RunConfig]:
+    """The embedded default: FedBuff (Mc=20, M=10, boundary refill) against FedAsync (polynomial staleness, one
+    arrival per step, immediate refill), 3,000 uploads each."""
+    return [
+        RunConfig(
+            algorithm="fedbuff",
+            hparams={"server_lr": 1.0},
+            protocol=ProtocolConfig(name="concurrent", concurrency=20, buffer_size=10, refill="boundary"),
+            arrivals=3000,
+        ),
+        RunConfig(
+            algorithm="fedasync",
+            options={"staleness": "polynomial"},
+            hparams={"alpha": 0.6, "staleness_a": 0.5},
+            protocol=ProtocolConfig(name="concurrent", concurrency=20, buffer_size=1, refill="immediate"),
+            arrivals=3000,
+        ),
+    ]
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+    """A whole experiment. ``eval_points``: number of evaluations per run (``eval_every`` overrides it, in steps)."""
+
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    local: LocalTrainingConfig = dataclasses.field(default_factory=LocalTrainingConfig)
+    delays: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: {"speed": "uniform", "speed_low": 0.5, "speed_high": 5.0, "noise": "half_normal"}
+    )
+    runs: list[RunConfig] = dataclasses.field(default_factory=default_runs)
+    seeds: list[int] = dataclasses.field(default_factory=lambda: [0])
+    eval_points: int = 30
+    eval_every: int | None = None
+    output: str = "runs/default"
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "ExperimentConfig":
+        """Builds a config from nested dicts; unknown keys are rejected with the closest valid name."""
+        return _build(cls, raw, "")
+
+    @classmethod
+    def from_json(cls, path: str) -> "ExperimentConfig":
+        try:
+            with open(path) as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path!r} does not exist") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"config file {path!r} is not valid JSON: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {path!r} must hold a JSON object")
+        return cls.from_dict(raw)
+
+    def delay_model(self) -> DelayModel:
+        try:
+            return DelayModel.from_dict(self.delays)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def eval_every_for(self, run: RunConfig) -> int:
+        if self.eval_every is not None:
+            return int(self.eval_every)
+        return max(1, math.ceil(run.num_steps(self.data.num_clients) / self.eval_points))
+
+
+_NESTED = {
+    ("ExperimentConfig", "data"): DataConfig,
+    ("ExperimentConfig", "model"): ModelConfig,
+    ("ExperimentConfig", "local"): LocalTrainingConfig,
+    ("RunConfig", "protocol"): ProtocolConfig,
+}
+
+
+def _build(cls, raw: Any, prefix: str):
+    if not isinstance(raw, dict):
+        raise ConfigError(f"option {prefix.rstrip('.') or 'config'} must be an object, got {raw!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f"; did you mean {prefix}{close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown option {prefix}{key!r} (valid: {sorted(fields)}){hint}")
+        nested = _NESTED.get((cls.__name__, key))
+        if nested is not None:
+            value = _build(nested, value, f"{prefix}{key}.")
+        elif cls is ExperimentConfig and key == "runs":
+            if not isinstance(value, list) or not value:
+                raise ConfigError(f"option runs must be a non-empty list of runs, got {value!r}")
+            value = [_build(RunConfig, v, f"runs[{i}].") for i, v in enumerate(value)]
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def set_option(raw: dict[str, Any], assignment: str) -> None:
+    """Applies ``section.key=value`` (value parsed as JSON when it can be, else kept as a string) to nested dicts.
+
+    ``runs.KEY=value`` sets KEY in every run (e.g. ``runs.arrivals=1000``, ``runs.protocol.concurrency=10``).
+    """
+    if "=" not in assignment:
+        raise ConfigError(f"--set expects KEY=VALUE, got {assignment!r}")
+    key, text = assignment.split("=", 1)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = text
+    parts = key.strip().split(".")
+    targets = [raw]
+    if parts[0] == "runs" and len(parts) > 1:
+        targets = raw.setdefault("runs", [])
+        parts = parts[1:]
+    for target in targets:
+        node = target
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {p!r} is not a section")
+        node[parts[-1]] = value
+
+
+# ---------------------------------------------------------------------------------------------------- validation
+HPARAM_RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    # name: (low, high, low inclusive, high inclusive)
+    "client_lr": (0.0, math.inf, False, False),
+    "server_lr": (0.0, math.inf, False, False),
+    "momentum": (0.0, 1.0, True, False),
+    "weight_decay": (0.0, math.inf, True, False),
+    "prox_mu": (0.0, math.inf, True, False),
+    "alpha": (0.0, 1.0, False, True),
+    "staleness_a": (0.0, math.inf, True, False),
+    "staleness_b": (0.0, math.inf, True, False),
+}
+
+
+def _check_int(option: str, value: Any, low: int, allowed: str | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        _fail(option, value, allowed or f"must be an integer >= {low}")
+
+
+def _check_choice(option: str, value: Any, choices: tuple[str, ...] | list[str]) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), list(choices), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        _fail(option, value, f"must be one of {list(choices)}{hint}")
+
+
+def _check_positive(option: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+        _fail(option, value, "must be a finite number > 0")
+
+
+def check_hparam(option: str, name: str, value: Any) -> None:
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if not values:
+        _fail(option, value, "a sweep needs at least one value")
+    low, high, low_in, high_in = HPARAM_RANGES.get(name, (-math.inf, math.inf, False, False))
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            _fail(option, value, "must be a finite number or a list of finite numbers")
+        ok = (v >= low if low_in else v > low) and (v <= high if high_in else v < high)
+        if not ok:
+            interval = f"{'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
+            _fail(option, value, f"must be in {interval}")
+
+
+def validate(cfg: ExperimentConfig) -> None:
+    """Checks every option; raises :class:`ConfigError` naming the option, the value and what is allowed.
+
+    Also checks that dataset files exist, so nothing is compiled for a run that cannot load its data.
+    """
+    d = cfg.data
+    _check_choice("data.name", d.name, DATASETS)
+    _check_int("data.num_clients", d.num_clients, 1)
+    _check_choice("data.partition", d.partition, PARTITIONS)
+    if d.partition == "natural" and d.name != "synthetic":
+        _fail("data.partition", d.partition, f"'natural' needs data.name = 'synthetic' (dataset {d.name!r} has no "
+              "built-in clients); use iid, dirichlet, shards or power_law")
+    _check_positive("data.dirichlet_alpha", d.dirichlet_alpha)
+    _check_int("data.min_size", d.min_size, 1)
+    _check_int("data.shards_per_client", d.shards_per_client, 1)
+    _check_positive("data.power_law_exponent", d.power_law_exponent)
+    for opt in ("synthetic_alpha", "synthetic_beta"):
+        v = getattr(d, opt)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            _fail(f"data.{opt}", v, "must be a number >= 0")
+    if d.synthetic_max_samples is not None:
+        _check_int("data.synthetic_max_samples", d.synthetic_max_samples, 1)
+    _check_int("data.seed", d.seed, 0)
+    if d.name in ("fashion_mnist", "mnist"):
+        from asyncfl_jax.data.idx import DatasetNotFoundError, find_idx_dir
+
+        try:
+            find_idx_dir(d.name, d.path)
+        except DatasetNotFoundError as e:
+            raise ConfigError(f"invalid option data.name = {d.name!r}: the dataset files are missing.\n{e}") from None
+
+    m = cfg.model
+    _check_choice("model.name", m.name, MODELS)
+    if not isinstance(m.hidden, list) or not all(isinstance(h, int) and h >= 1 for h in m.hidden):
+        _fail("model.hidden", m.hidden, "must be a list of integers >= 1")
+    if m.name == "cnn" and d.name == "synthetic":
+        _fail("model.name", m.name, "'cnn' needs image data (fashion_mnist or mnist); use logreg or mlp for synthetic")
+
+    loc = cfg.local
+    _check_int("local.steps", loc.steps, 1)
+    if loc.batch_size is not None:
+        _check_int("local.batch_size", loc.batch_size, 1, "must be an integer >= 1, or null for full batch")
+    if loc.epochs is not None:
+        _check_positive("local.epochs", loc.epochs)
+        if loc.batch_size is None:
+            _fail("local.epochs", loc.epochs, "needs local.batch_size (steps per epoch = ceil(n_i / batch_size))")
+    check_hparam("local.lr", "client_lr", loc.lr)
+    check_hparam("local.momentum", "momentum", loc.momentum)
+    check_hparam("local.weight_decay", "weight_decay", loc.weight_decay)
+
+    try:
+        cfg.delay_model().validate()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not isinstance(cfg.seeds, list) or not cfg.seeds:
+        _fail("seeds", cfg.seeds, "must be a non-empty list of integers >= 0")
+    for s in cfg.seeds:
+        _check_int("seeds", s, 0, "must be a non-empty list of integers >= 0")
+    if len(set(cfg.seeds)) != len(cfg.seeds):
+        _fail("seeds", cfg.seeds, "must not repeat a seed")
+    _check_int("eval_points", cfg.eval_points, 1)
+    if cfg.eval_every is not None:
+        _check_int("eval_every", cfg.eval_every, 1)
+    if not cfg.runs:
+        _fail("runs", cfg.runs, "must hold at least one run")
+    labels = [r.name for r in cfg.runs]
+    if len(set(labels)) != len(labels):
+        _fail("runs", labels, "run labels must be unique (set runs[i].label)")
+    for i, run in enumerate(cfg.runs):
+        _validate_run(f"runs[{i}]", run, cfg)
+
+
+def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
+    n = cfg.data.num_clients
+    _check_choice(f"{prefix}.algorithm", run.algorithm, sorted(REGISTRY))
+    if not isinstance(run.options, dict):
+        _fail(f"{prefix}.options", run.options, "must be an object of the algorithm's options")
+    try:
+        algorithm = get_algorithm(run.algorithm, **run.options)
+    except ValueError as e:
+        raise ConfigError(f"invalid option {prefix}.options = {run.options!r}: {e}") from None
+    from asyncfl_jax.engine import resolve_hparams
+
+    try:
+        resolved = resolve_hparams(algorithm, run.hparams)
+    except ValueError as e:
+        raise ConfigError(f"invalid option {prefix}.hparams: {e}") from None
+    for name, value in run.hparams.items():
+        check_hparam(f"{prefix}.hparams.{name}", name, value)
+    del resolved
+
+    p = run.protocol
+    _check_choice(f"{prefix}.protocol.name", p.name, PROTOCOLS)
+    if p.name == "concurrent":
+        _check_int(f"{prefix}.protocol.concurrency", p.concurrency, 1)
+        if p.concurrency > n:
+            _fail(f"{prefix}.protocol.concurrency", p.concurrency, f"must be <= data.num_clients ({n})")
+        _check_int(f"{prefix}.protocol.buffer_size", p.buffer_size, 1)
+        if p.buffer_size > p.concurrency:
+            _fail(f"{prefix}.protocol.buffer_size", p.buffer_size,
+                  f"must be <= protocol.concurrency ({p.concurrency}): the server cannot wait for more updates than "
+                  "there are clients in flight")
+        _check_choice(f"{prefix}.protocol.refill", p.refill, REFILLS)
+    if p.name == "synchronous" and p.participants is not None:
+        _check_int(f"{prefix}.protocol.participants", p.participants, 1)
+        if p.participants > n:
+            _fail(f"{prefix}.protocol.participants", p.participants, f"must be <= data.num_clients ({n})")
+    if run.algorithm == "fedavg" and p.name != "synchronous":
+        _fail(f"{prefix}.protocol.name", p.name, "fedavg is synchronous: use protocol 'synchronous'")
+
+    if (run.steps is None) == (run.arrivals is None):
+        _fail(f"{prefix}.steps/arrivals", (run.steps, run.arrivals), "give exactly one of steps or arrivals")
+    if run.steps is not None:
+        _check_int(f"{prefix}.steps", run.steps, 1)
+    else:
+        _check_int(f"{prefix}.arrivals", run.arrivals, 1)
+        if run.arrivals < p.arrivals_per_step(n):
+            _fail(f"{prefix}.arrivals", run.arrivals, f"must be >= the arrivals of one step ({p.arrivals_per_step(n)})")

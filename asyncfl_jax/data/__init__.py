@@ -1,0 +1,54 @@
+"""Datasets (host arrays), client data (device arrays) and partitioners.
+
+* :class:`Dataset`, :class:`ClientData` — the data contract (``client_data.py``).
+* :func:`synthetic_leaf` — LEAF/FedProx Synthetic(α, β), procedural, the embedded default dataset.
+* :func:`load_fashion_mnist`, :func:`load_mnist`, :func:`find_idx_dir` — MNIST-format IDX files.
+* :func:`partition` and the partitioners :func:`iid`, :func:`dirichlet`, :func:`shards`, :func:`power_law`, with
+  :func:`partition_summary` and :func:`plot_partition`.
+"""
+
+from asyncfl_jax.data.client_data import ClientData, Dataset
+from asyncfl_jax.data.idx import (
+    DatasetNotFoundError,
+    IdxFormatError,
+    find_idx_dir,
+    load_fashion_mnist,
+    load_idx_dataset,
+    load_mnist,
+    read_idx,
+)
+from asyncfl_jax.data.partition import (
+    PARTITIONERS,
+    dirichlet,
+    iid,
+    partition,
+    partition_options,
+    partition_summary,
+    plot_partition,
+    power_law,
+    shards,
+)
+from asyncfl_jax.data.synthetic import DEFAULT_MAX_SAMPLES, synthetic_leaf
+
+__all__ = [
+    "ClientData",
+    "Dataset",
+    "DatasetNotFoundError",
+    "IdxFormatError",
+    "find_idx_dir",
+    "load_fashion_mnist",
+    "load_idx_dataset",
+    "load_mnist",
+    "read_idx",
+    "PARTITIONERS",
+    "dirichlet",
+    "iid",
+    "partition",
+    "partition_options",
+    "partition_summary",
+    "plot_partition",
+    "power_law",
+    "shards",
+    "DEFAULT_MAX_SAMPLES",
+    "synthetic_leaf",
+]

@@ -1,0 +1,447 @@
+"""The simulation engine: one compiled ``lax.scan`` over a pre-sampled schedule, vmapped over replicas.
+
+Each server step ``t`` of the scan does, in order (see :mod:`asyncfl_jax.timing.schedule` for the conventions):
+
+1. *dispatch*: every job that starts from ``x_t`` during step ``t`` is trained now, all of them in one ``vmap``
+   (a job's result depends only on its start model, client and key, so it can be computed when it is dispatched);
+   the algorithm's ``client`` turns each result into a message, which waits in the job's pending slot;
+2. *arrival*: the messages of the clients that arrive at step ``t`` are read from their slots and the algorithm's
+   ``server`` folds them into the server state, giving ``x_{t+1}``;
+3. *divergence check*: the first step at which ``x`` holds a NaN/inf is recorded.
+
+The scan runs in chunks of ``eval_every`` steps; after each chunk the global model is evaluated (test accuracy/loss,
+train loss). :func:`simulate` drives the chunks from a host loop (progress bar, early stop when every replica has
+diverged); :func:`make_simulation` returns the same computation as one pure function that callers can ``jit`` and
+``vmap`` themselves.
+
+Randomness: the job that client slot ``j`` starts at step ``t`` uses ``fold_in(fold_in(key, t + 1), j)`` (initial
+jobs use ``t + 1 = 0``), so results do not depend on the chunking or on how replicas are batched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import time
+import warnings
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from asyncfl_jax.algorithms.base import Algorithm, ServerMeta
+from asyncfl_jax.client import LOCAL_HPARAMS, LocalConfig, make_local_update
+from asyncfl_jax.results import History
+from asyncfl_jax.task import Task, make_evaluator
+from asyncfl_jax.timing.schedule import Schedule
+from asyncfl_jax.timing.stats import schedule_summary
+
+METRIC_NAMES = ("test_accuracy", "test_loss", "train_loss")
+INIT_BATCH = 256  # initial jobs are trained in groups of this many (bounds memory when all n clients start at once)
+
+
+class StepArrays(NamedTuple):
+    """The per-step part of a schedule (leading axis: server steps)."""
+
+    step: jax.Array  # int32 [T]
+    time: jax.Array  # float32 [T]
+    dispatch_clients: jax.Array  # int32 [T, D]
+    dispatch_slots: jax.Array  # int32 [T, D]
+    arrival_clients: jax.Array  # int32 [T, M]
+    arrival_slots: jax.Array  # int32 [T, M]
+    staleness: jax.Array  # int32 [T, M]
+
+
+class ScheduleArrays(NamedTuple):
+    """A :class:`Schedule` as device arrays, in the form the scan consumes (a pytree; may have a replica axis)."""
+
+    init_clients: jax.Array  # int32 [D0] jobs started from x_0 before step 0
+    init_slots: jax.Array  # int32 [D0]
+    steps: StepArrays
+
+
+class Carry(NamedTuple):
+    """What the scan carries from step to step."""
+
+    server: Any  # the algorithm's server state
+    clients: Any  # the algorithm's per-client state (leading client axis)
+    pending: Any  # messages of jobs in flight, [S, ...]
+    diverged_at: jax.Array  # int32: first server step whose result had a NaN/inf, -1 if none
+
+
+class SimulationOutput(NamedTuple):
+    """Result of :func:`make_simulation`'s function: final model, evaluations and divergence step."""
+
+    params: jax.Array  # final global model, flat [d]
+    metrics: dict[str, jax.Array]  # each [num_evals]: after steps 0, E, 2E, ..., T
+    diverged_at: jax.Array  # int32, -1 if the run stayed finite
+    carry: Carry
+
+
+def schedule_arrays(schedule: Schedule, num_slots: int | None = None, init_width: int | None = None) -> ScheduleArrays:
+    """Converts a schedule to the arrays the scan reads; pads the initial jobs to ``init_width`` if given."""
+    d0 = schedule.init_clients.shape[0] if init_width is None else init_width
+    init_clients = np.full((d0,), -1, np.int32)
+    init_slots = np.full((d0,), -1, np.int32)
+    init_clients[: schedule.init_clients.shape[0]] = schedule.init_clients
+    init_slots[: schedule.init_slots.shape[0]] = schedule.init_slots
+    staleness = schedule.staleness
+    steps = StepArrays(
+        step=jnp.arange(schedule.num_steps, dtype=jnp.int32),
+        time=jnp.asarray(schedule.step_times, jnp.float32),
+        dispatch_clients=jnp.asarray(schedule.dispatch_clients, jnp.int32),
+        dispatch_slots=jnp.asarray(schedule.dispatch_slots, jnp.int32),
+        arrival_clients=jnp.asarray(schedule.arrival_clients, jnp.int32),
+        arrival_slots=jnp.asarray(schedule.arrival_slots, jnp.int32),
+        staleness=jnp.asarray(np.maximum(staleness, 0), jnp.int32),
+    )
+    return ScheduleArrays(init_clients=jnp.asarray(init_clients), init_slots=jnp.asarray(init_slots), steps=steps)
+
+
+def stack_schedules(schedules: Sequence[Schedule]) -> tuple[ScheduleArrays, int]:
+    """Stacks per-replica schedules (same T, M, D) on a leading axis; returns the arrays and the slot count."""
+    first = schedules[0]
+    for i, s in enumerate(schedules):
+        if (s.num_steps, s.buffer_width, s.dispatch_width, s.num_clients) != (
+            first.num_steps, first.buffer_width, first.dispatch_width, first.num_clients
+        ):
+            raise ValueError(
+                f"schedule {i} has (T, M, D, n) = {(s.num_steps, s.buffer_width, s.dispatch_width, s.num_clients)}, "
+                f"schedule 0 has {(first.num_steps, first.buffer_width, first.dispatch_width, first.num_clients)}; "
+                "replicas must share shapes"
+            )
+    d0 = max(s.init_clients.shape[0] for s in schedules)
+    arrays = [schedule_arrays(s, init_width=d0) for s in schedules]
+    stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *arrays)
+    return stacked, max(s.num_slots for s in schedules)
+
+
+def _slice_steps(steps: StepArrays, start: int, stop: int, replica_axis: bool) -> StepArrays:
+    """Steps [start, stop) of the per-step arrays."""
+    return jax.tree_util.tree_map(lambda a: a[:, start:stop] if replica_axis else a[start:stop], steps)
+
+
+# ---------------------------------------------------------------------------------------------------- hyper-parameters
+def default_hparams(algorithm: Algorithm) -> dict[str, float]:
+    """Every hyper-parameter the run reads (local training + the algorithm's), with its default."""
+    return {**LOCAL_HPARAMS, **dict(algorithm.hyperparams)}
+
+
+def resolve_hparams(algorithm: Algorithm, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Defaults updated with ``overrides``; an unknown name is an error that suggests the closest valid one."""
+    known = default_hparams(algorithm)
+    for name in overrides or {}:
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"hyper-parameter {name!r} is not used by {algorithm.name} (known: {sorted(known)}){hint}"
+            )
+    return {**known, **dict(overrides or {})}
+
+
+@dataclasses.dataclass(frozen=True)
+class Replica:
+    """One simulated run of a sweep: a training seed and scalar hyper-parameters."""
+
+    seed: int
+    hparams: dict[str, float]
+
+
+def make_replicas(algorithm: Algorithm, seeds: Sequence[int], hparams: Mapping[str, Any] | None = None) -> list[Replica]:
+    """The cartesian product of ``seeds`` and every hyper-parameter given as a list (a sweep); scalars are shared.
+
+    Example: ``seeds=[0, 1]``, ``hparams={"client_lr": [0.01, 0.1], "server_lr": 1.0}`` gives 4 replicas.
+    """
+    if len(seeds) == 0:
+        raise ValueError("seeds must not be empty")
+    resolved = resolve_hparams(algorithm, hparams)
+    swept = {k: list(v) for k, v in resolved.items() if isinstance(v, (list, tuple, np.ndarray))}
+    for k, v in swept.items():
+        if len(v) == 0:
+            raise ValueError(f"hyper-parameter {k!r} has an empty list of values")
+    fixed = {k: float(v) for k, v in resolved.items() if k not in swept}
+    replicas = []
+    for seed in seeds:
+        for combo in itertools.product(*swept.values()):
+            replicas.append(Replica(seed=int(seed), hparams={**fixed, **{k: float(c) for k, c in zip(swept, combo)}}))
+    return replicas
+
+
+def stack_hparams(replicas: Sequence[Replica]) -> dict[str, jax.Array]:
+    return {k: jnp.asarray([r.hparams[k] for r in replicas], jnp.float32) for k in replicas[0].hparams}
+
+
+# ---------------------------------------------------------------------------------------------------- the compiled step
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+    """The pure pieces of one experiment (one task, algorithm and local-training setting), not yet vmapped.
+
+    ``init(sched, hp, key) -> Carry`` (``sched``: :class:`ScheduleArrays`); ``chunk(carry, steps, hp, key) ->
+    (Carry, metrics)`` (``steps``: :class:`StepArrays` of the chunk's steps); ``evaluate(flat) -> metrics``. None of
+    them has a replica axis.
+    """
+
+    init: Callable[..., Carry]
+    chunk: Callable[..., tuple[Carry, dict[str, jax.Array]]]
+    evaluate: Callable[[jax.Array], dict[str, jax.Array]]
+    num_slots: int
+
+
+def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slots: int) -> Program:
+    """Builds the per-replica ``init`` and ``chunk`` functions (pure; vmappable over replicas)."""
+    n = task.num_clients
+    x0 = task.model.flat_params
+    local_fn = make_local_update(task.model, task.train, local, output=algorithm.local_output)
+    evaluate = make_evaluator(task)
+
+    def run_jobs(x: jax.Array, clients: jax.Array, slots: jax.Array, keys: jax.Array, carry: Carry, hp) -> Carry:
+        """Trains the jobs ``clients`` (-1 = none) from ``x`` and stores their messages in ``slots``."""
+        valid = clients >= 0
+        safe = jnp.where(valid, clients, 0)
+        results = jax.vmap(local_fn, in_axes=(None, 0, 0, None))(x, safe, keys, hp)
+        rows = jax.tree_util.tree_map(lambda c: c[safe], carry.clients)
+        messages, rows = jax.vmap(algorithm.client, in_axes=(None, 0, 0, None))(x, results, rows, hp)
+        slot_idx = jnp.where(valid, slots, num_slots)  # out of range -> dropped
+        client_idx = jnp.where(valid, clients, n)
+        pending = jax.tree_util.tree_map(lambda p, m: p.at[slot_idx].set(m, mode="drop"), carry.pending, messages)
+        clients_state = jax.tree_util.tree_map(lambda c, r: c.at[client_idx].set(r, mode="drop"), carry.clients, rows)
+        return carry._replace(pending=pending, clients=clients_state)
+
+    def job_keys(key: jax.Array, step_plus_one: jax.Array, width: int, offset: int = 0) -> jax.Array:
+        base = jax.random.fold_in(key, step_plus_one)
+        return jax.vmap(lambda j: jax.random.fold_in(base, j))(jnp.arange(offset, offset + width))
+
+    def init(sched: ScheduleArrays, hp, key: jax.Array) -> Carry:
+        server = algorithm.init(x0, n)
+        clients = algorithm.init_clients(x0, n)
+        message_shape = jax.eval_shape(
+            lambda: algorithm.client(x0, jnp.zeros_like(x0), jax.tree_util.tree_map(lambda c: c[0], clients), hp)[0]
+        )
+        pending = jax.tree_util.tree_map(lambda s: jnp.zeros((num_slots, *s.shape), s.dtype), message_shape)
+        carry = Carry(server=server, clients=clients, pending=pending, diverged_at=jnp.int32(-1))
+        d0 = int(sched.init_clients.shape[0])
+        for start in range(0, d0, INIT_BATCH):  # initial jobs, all from x_0, in bounded groups
+            stop = min(start + INIT_BATCH, d0)
+            keys = job_keys(key, jnp.int32(0), stop - start, offset=start)
+            carry = run_jobs(x0, sched.init_clients[start:stop], sched.init_slots[start:stop], keys, carry, hp)
+        return carry
+
+    def step(carry: Carry, s: StepArrays, hp, key: jax.Array) -> Carry:
+        x_t = algorithm.params(carry.server)
+        keys = job_keys(key, s.step + 1, s.dispatch_clients.shape[0])
+        carry = run_jobs(x_t, s.dispatch_clients, s.dispatch_slots, keys, carry, hp)  # 1. dispatch
+        mask = s.arrival_clients >= 0
+        read = jnp.where(mask, s.arrival_slots, 0)
+        messages = jax.tree_util.tree_map(lambda p: p[read], carry.pending)  # 2. arrivals
+        meta = ServerMeta(clients=s.arrival_clients, mask=mask, staleness=jnp.where(mask, s.staleness, 0),
+                          step=s.step, time=s.time)
+        server = algorithm.server(carry.server, messages, meta, hp)
+        finite = jnp.all(jnp.isfinite(algorithm.params(server)))  # 3. divergence check
+        diverged_at = jnp.where((carry.diverged_at < 0) & ~finite, s.step, carry.diverged_at)
+        return carry._replace(server=server, diverged_at=diverged_at)
+
+    def chunk(carry: Carry, steps: StepArrays, hp, key: jax.Array):
+        def body(c, s):
+            return step(c, s, hp, key), None
+
+        carry, _ = jax.lax.scan(body, carry, steps)
+        return carry, evaluate(algorithm.params(carry.server))
+
+    return Program(init=init, chunk=chunk, evaluate=evaluate, num_slots=num_slots)
+
+
+def make_simulation(
+    task: Task,
+    algorithm: Algorithm,
+    local: LocalConfig,
+    num_steps: int,
+    num_slots: int,
+    eval_every: int,
+) -> Callable[[ScheduleArrays, Mapping[str, jax.Array], jax.Array], SimulationOutput]:
+    """The whole simulation as one pure function ``run(schedule_arrays, hparams, key) -> SimulationOutput``.
+
+    ``run`` has no Python side effects: ``jax.jit(run)`` compiles it and ``jax.vmap(run, in_axes=(None, 0, 0))`` runs
+    it for a batch of hyper-parameters and keys. The model is evaluated after steps 0, E, 2E, ... and after the last
+    step (``E = eval_every``). ``hparams`` must hold every name of :func:`default_hparams` as a scalar.
+    """
+    if not 1 <= eval_every:
+        raise ValueError(f"eval_every must be >= 1, got {eval_every}")
+    program = build_program(task, algorithm, local, num_slots)
+    full, rest = divmod(num_steps, eval_every)
+
+    def run(sched: ScheduleArrays, hp: Mapping[str, jax.Array], key: jax.Array) -> SimulationOutput:
+        carry = program.init(sched, hp, key)
+        first = program.evaluate(algorithm.params(carry.server))
+        blocks = jax.tree_util.tree_map(
+            lambda a: a[: full * eval_every].reshape(full, eval_every, *a.shape[1:]), sched.steps
+        )
+
+        def outer(c, block):
+            return program.chunk(c, block, hp, key)
+
+        carry, metrics = jax.lax.scan(outer, carry, blocks)
+        metrics = {k: jnp.concatenate([first[k][None], v]) for k, v in metrics.items()}
+        if rest:
+            tail = jax.tree_util.tree_map(lambda a: a[full * eval_every:], sched.steps)
+            carry, last = program.chunk(carry, tail, hp, key)
+            metrics = {k: jnp.concatenate([v, last[k][None]]) for k, v in metrics.items()}
+        return SimulationOutput(algorithm.params(carry.server), metrics, carry.diverged_at, carry)
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------------- host driver
+def simulate(
+    task: Task,
+    algorithm: Algorithm,
+    schedules: Schedule | Sequence[Schedule],
+    local: LocalConfig | None = None,
+    seeds: Sequence[int] = (0,),
+    hparams: Mapping[str, Any] | None = None,
+    eval_every: int = 100,
+    progress: bool = True,
+    label: str | None = None,
+) -> History:
+    """Runs an experiment (all replicas as one vmapped program) and returns its :class:`History`.
+
+    Args:
+      task: model and data.
+      algorithm: the federated algorithm.
+      schedules: one schedule shared by every replica, or one per seed (in the order of ``seeds``).
+      local: local-training settings (default: ``LocalConfig()``).
+      seeds: training seeds; each seed is combined with every point of the hyper-parameter grid.
+      hparams: hyper-parameter values; a list sweeps over its values (see :func:`make_replicas`).
+      eval_every: evaluate the global model every this many server steps (and at the end).
+      progress: show a progress bar.
+      label: name of the run in the History (default: the algorithm's name).
+    """
+    local = local or LocalConfig()
+    replicas = make_replicas(algorithm, seeds, hparams)
+    if local.use_momentum is False and any(r.hparams["momentum"] != 0 for r in replicas):
+        local = dataclasses.replace(local, use_momentum=True)
+    if eval_every < 1:
+        raise ValueError(f"eval_every must be >= 1, got {eval_every}")
+
+    if isinstance(schedules, Schedule):
+        per_replica = [schedules] * len(replicas)
+        shared = True
+    else:
+        schedules = list(schedules)
+        if len(schedules) != len(seeds):
+            raise ValueError(f"got {len(schedules)} schedules for {len(seeds)} seeds; give one per seed or one in all")
+        by_seed = dict(zip([int(s) for s in seeds], schedules))
+        per_replica = [by_seed[r.seed] for r in replicas]
+        shared = len(schedules) == 1
+    for s in per_replica:
+        if s.num_clients != task.num_clients:
+            raise ValueError(f"the schedule has {s.num_clients} clients but the task has {task.num_clients}")
+
+    if shared:
+        sched = schedule_arrays(per_replica[0])
+        num_slots = per_replica[0].num_slots
+        sched_axis = None
+    else:
+        sched, num_slots = stack_schedules(per_replica)
+        sched_axis = 0
+    T = per_replica[0].num_steps
+    program = build_program(task, algorithm, local, num_slots)
+    hp = stack_hparams(replicas)
+    keys = jnp.stack([jax.random.PRNGKey(r.seed) for r in replicas])
+
+    init_fn = jax.jit(jax.vmap(program.init, in_axes=(sched_axis, 0, 0)))
+    chunk_fn = jax.jit(jax.vmap(program.chunk, in_axes=(0, sched_axis, 0, 0)), donate_argnums=(0,))
+    eval_fn = jax.jit(jax.vmap(program.evaluate))
+
+    compile_seconds = 0.0
+    t0 = time.perf_counter()
+    carry = init_fn(sched, hp, keys)
+    first = eval_fn(jax.vmap(algorithm.params)(carry.server))
+    jax.block_until_ready(first)
+    compile_seconds += time.perf_counter() - t0
+
+    eval_steps = [0]
+    metrics = {k: [np.asarray(first[k])] for k in METRIC_NAMES}
+    compiled: dict[int, Any] = {}
+    loop_compile_seconds = 0.0
+    reported: set[int] = set()
+    stopped_early = False
+    bar = _progress_bar(T, progress, label or algorithm.name)
+    start_wall = time.perf_counter()
+    for start in range(0, T, eval_every):
+        stop = min(start + eval_every, T)
+        part = _slice_steps(sched.steps, start, stop, replica_axis=sched_axis == 0)
+        if stop - start not in compiled:
+            tc = time.perf_counter()
+            compiled[stop - start] = chunk_fn.lower(carry, part, hp, keys).compile()
+            loop_compile_seconds += time.perf_counter() - tc
+        carry, out = compiled[stop - start](carry, part, hp, keys)
+        eval_steps.append(stop)
+        for k in METRIC_NAMES:
+            metrics[k].append(np.asarray(out[k]))
+        bar.update(stop - start)
+        bar.set_postfix(acc=f"{float(np.nanmean(np.asarray(out['test_accuracy']))):.3f}")
+        diverged = np.asarray(carry.diverged_at)
+        for r in np.flatnonzero(diverged >= 0):
+            if r not in reported:
+                reported.add(int(r))
+                warnings.warn(
+                    f"{label or algorithm.name}: replica {r} (seed={replicas[r].seed}, "
+                    f"{_swept_description(replicas, r)}) diverged: the global model became NaN/inf at server step "
+                    f"{int(diverged[r])}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        if (diverged >= 0).all():
+            stopped_early = True
+            break
+    bar.close()
+    run_seconds = time.perf_counter() - start_wall - loop_compile_seconds
+    compile_seconds += loop_compile_seconds
+
+    steps = np.asarray(eval_steps)
+    times = np.stack([_times_at(s, steps) for s in per_replica])
+    uploads = np.stack([_uploads_at(s, steps) for s in per_replica])
+    summaries = [schedule_summary(s) for s in (per_replica[:1] if shared else per_replica)]
+    return History(
+        label=label or algorithm.name,
+        algorithm=algorithm.name,
+        algorithm_options=dict(algorithm.options),
+        steps=steps,
+        times=times,
+        uploads=uploads,
+        metrics={k: np.stack(v, axis=1) for k, v in metrics.items()},
+        seeds=[r.seed for r in replicas],
+        hparams=[dict(r.hparams) for r in replicas],
+        diverged_at=np.asarray(carry.diverged_at),
+        schedule_stats=summaries,
+        num_steps=T,
+        stopped_early=stopped_early,
+        compile_seconds=compile_seconds,
+        run_seconds=run_seconds,
+        final_params=np.asarray(jax.vmap(algorithm.params)(carry.server)),
+    )
+
+
+def _swept_description(replicas: Sequence[Replica], r: int) -> str:
+    varying = [k for k in replicas[0].hparams if len({rep.hparams[k] for rep in replicas}) > 1]
+    return ", ".join(f"{k}={replicas[r].hparams[k]:g}" for k in varying) or "no swept hyper-parameters"
+
+
+def _times_at(schedule: Schedule, steps: np.ndarray) -> np.ndarray:
+    """Virtual time after ``steps`` server steps (the initial time for 0)."""
+    times = np.concatenate([[schedule.init_time], schedule.step_times])
+    return times[steps].astype(np.float64)
+
+
+def _uploads_at(schedule: Schedule, steps: np.ndarray) -> np.ndarray:
+    cumulative = np.concatenate([[0], np.cumsum(schedule.uploads_per_step)])
+    return cumulative[steps].astype(np.int64)
+
+
+def _progress_bar(total: int, enabled: bool, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, disable=not enabled, desc=desc, unit="step", leave=False, dynamic_ncols=True)

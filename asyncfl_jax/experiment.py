@@ -1,0 +1,123 @@
+"""From a validated :class:`~asyncfl_jax.config.ExperimentConfig` to Histories: the path the CLI takes.
+
+Each step is a public function so the same experiment is a few calls from Python::
+
+    cfg = ExperimentConfig()                       # or ExperimentConfig.from_json(...)
+    validate(cfg)
+    task = build_task(cfg)
+    for run in cfg.runs:
+        schedules = build_schedules(cfg, run)      # one per seed (timing has its own RNG stream)
+        history = run_experiment(cfg, run, task, schedules)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from asyncfl_jax.algorithms import get_algorithm
+from asyncfl_jax.client import LocalConfig
+from asyncfl_jax.config import ExperimentConfig, RunConfig, validate
+from asyncfl_jax.data import partition as partition_lib
+from asyncfl_jax.data.client_data import Dataset
+from asyncfl_jax.engine import simulate
+from asyncfl_jax.models.core import make_model
+from asyncfl_jax.results import History, write_results
+from asyncfl_jax.task import Task, make_task
+from asyncfl_jax.timing.protocols import make_schedule
+from asyncfl_jax.timing.schedule import Schedule
+
+
+def load_dataset(cfg: ExperimentConfig) -> Dataset:
+    d = cfg.data
+    if d.name == "synthetic":
+        from asyncfl_jax.data.synthetic import synthetic_leaf
+
+        return synthetic_leaf(
+            num_clients=d.num_clients,
+            alpha=d.synthetic_alpha,
+            beta=d.synthetic_beta,
+            seed=d.seed,
+            max_samples=d.synthetic_max_samples,
+        )
+    from asyncfl_jax.data.idx import load_fashion_mnist, load_mnist
+
+    return (load_fashion_mnist if d.name == "fashion_mnist" else load_mnist)(d.path)
+
+
+def partition_dataset(cfg: ExperimentConfig, dataset: Dataset) -> list[np.ndarray]:
+    d = cfg.data
+    if d.partition == "natural":
+        assert dataset.natural_partition is not None
+        return list(dataset.natural_partition)
+    options = {
+        "iid": {},
+        "dirichlet": {"alpha": d.dirichlet_alpha, "min_size": d.min_size},
+        "shards": {"shards_per_client": d.shards_per_client},
+        "power_law": {"exponent": d.power_law_exponent, "min_size": d.min_size},
+    }[d.partition]
+    return partition_lib.partition(d.partition, dataset.train_y, d.num_clients, d.seed, **options)
+
+
+def build_task(cfg: ExperimentConfig) -> Task:
+    """Loads the dataset, partitions it over the clients and initialises the model."""
+    dataset = load_dataset(cfg)
+    parts = partition_dataset(cfg, dataset)
+    model = make_model(cfg.model.name, dataset.input_shape, dataset.num_classes, cfg.model.seed, cfg.model.hidden)
+    return make_task(dataset, parts, model, seed=cfg.data.seed)
+
+
+def build_schedules(cfg: ExperimentConfig, run: RunConfig) -> list[Schedule]:
+    """One schedule per seed: the timing seed of replica seed ``s`` is ``s``."""
+    p = run.protocol
+    n = cfg.data.num_clients
+    options = {
+        "all_active": {},
+        "concurrent": {"concurrency": p.concurrency, "buffer_size": p.buffer_size, "refill": p.refill},
+        "synchronous": {"participants": p.participants},
+    }[p.name]
+    delays = cfg.delay_model()
+    return [make_schedule(p.name, n, run.num_steps(n), delays, seed, **options) for seed in cfg.seeds]
+
+
+def run_experiment(
+    cfg: ExperimentConfig, run: RunConfig, task: Task, schedules: Sequence[Schedule], progress: bool = True
+) -> History:
+    """Simulates one run (all its seeds and swept hyper-parameters as one vmapped program)."""
+    algorithm = get_algorithm(run.algorithm, **run.options)
+    local = LocalConfig(
+        steps=cfg.local.steps,
+        batch_size=cfg.local.batch_size,
+        epochs=cfg.local.epochs,
+        use_momentum=cfg.local.momentum > 0,
+    )
+    hparams = {**cfg.local.hparams(), **run.hparams}
+    return simulate(
+        task,
+        algorithm,
+        schedules,
+        local=local,
+        seeds=cfg.seeds,
+        hparams=hparams,
+        eval_every=cfg.eval_every_for(run),
+        progress=progress,
+        label=run.name,
+    )
+
+
+def run_config(cfg: ExperimentConfig, progress: bool = True, write: bool = True, plot: bool = True) -> list[History]:
+    """Validates, runs every run of the experiment and (optionally) writes the results to ``cfg.output``."""
+    validate(cfg)
+    task = build_task(cfg)
+    histories = []
+    for run in cfg.runs:
+        histories.append(run_experiment(cfg, run, task, build_schedules(cfg, run), progress=progress))
+    if write:
+        write_results(cfg.output, cfg.to_dict(), histories, plot=plot)
+    return histories
+
+
+def output_files(cfg: ExperimentConfig) -> list[str]:
+    return [os.path.join(cfg.output, f) for f in ("config.json", "metrics.csv", "summary.json", "accuracy.png")]

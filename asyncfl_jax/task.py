@@ -1,0 +1,113 @@
+"""A Task bundles what a simulation trains and evaluates: the model, every client's data and the test data."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from asyncfl_jax.data.client_data import ClientData, Dataset
+from asyncfl_jax.models.core import Model, cross_entropy_loss
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Task:
+    """Model + client data + evaluation data.
+
+    Attributes:
+      model: the model (``apply_fn`` and initial parameters ``x_0``).
+      train: every client's training data on the device.
+      test_x, test_y: the pooled test set.
+      train_eval_x, train_eval_y: a fixed sample of the pooled training data on which the train loss is reported.
+      num_classes: number of classes.
+      name: a short description, e.g. ``"synthetic(1,1)/mlp"``.
+    """
+
+    model: Model
+    train: ClientData
+    test_x: jax.Array
+    test_y: jax.Array
+    train_eval_x: jax.Array
+    train_eval_y: jax.Array
+    num_classes: int
+    name: str = "task"
+
+    @property
+    def num_clients(self) -> int:
+        return self.train.num_clients
+
+    @property
+    def num_params(self) -> int:
+        return self.model.num_params
+
+
+def make_task(
+    dataset: Dataset,
+    parts: Sequence[np.ndarray],
+    model: Model,
+    train_eval_size: int = 5000,
+    seed: int = 0,
+) -> Task:
+    """Builds a task from a dataset, a partition of its training split and a model.
+
+    The train loss is evaluated on ``train_eval_size`` examples drawn once (without replacement, with ``seed``) from
+    the examples the clients hold; all of them when there are fewer.
+    """
+    train = ClientData.from_partition(dataset.train_x, dataset.train_y, parts)
+    held = np.concatenate([np.asarray(p) for p in parts])
+    rng = np.random.default_rng([seed, 0xE7A1])
+    sample = np.sort(rng.choice(held, size=min(train_eval_size, held.size), replace=False))
+    return Task(
+        model=model,
+        train=train,
+        test_x=jnp.asarray(dataset.test_x, jnp.float32),
+        test_y=jnp.asarray(dataset.test_y, jnp.int32),
+        train_eval_x=jnp.asarray(dataset.train_x[sample], jnp.float32),
+        train_eval_y=jnp.asarray(dataset.train_y[sample], jnp.int32),
+        num_classes=dataset.num_classes,
+        name=f"{dataset.name}/{model.name}",
+    )
+
+
+def make_evaluator(task: Task, batch_size: int = 2000):
+    """Returns ``evaluate(flat_params) -> {"test_accuracy", "test_loss", "train_loss"}`` (pure, jittable).
+
+    The data are split into fixed batches (the last one padded and masked) so memory stays bounded for large test
+    sets.
+    """
+
+    def batched(x: jax.Array, y: jax.Array):
+        n = int(x.shape[0])
+        b = min(batch_size, n)
+        nb = -(-n // b)
+        pad = nb * b - n
+        xp = jnp.concatenate([x, jnp.zeros((pad, *x.shape[1:]), x.dtype)]).reshape(nb, b, *x.shape[1:])
+        yp = jnp.concatenate([y, jnp.zeros((pad,), y.dtype)]).reshape(nb, b)
+        wp = (jnp.arange(nb * b) < n).astype(jnp.float32).reshape(nb, b)
+        return xp, yp, wp, n
+
+    test = batched(task.test_x, task.test_y)
+    train = batched(task.train_eval_x, task.train_eval_y)
+
+    def sums(flat: jax.Array, data):
+        xp, yp, wp, n = data
+
+        def one(batch):
+            xb, yb, wb = batch
+            logits = task.model.flat_apply(flat, xb)
+            loss = cross_entropy_loss(logits, yb, wb) * jnp.sum(wb)
+            correct = jnp.sum((jnp.argmax(logits, axis=-1) == yb) * wb)
+            return loss, correct
+
+        losses, correct = jax.lax.map(one, (xp, yp, wp))
+        return jnp.sum(losses) / n, jnp.sum(correct) / n
+
+    def evaluate(flat: jax.Array) -> dict[str, jax.Array]:
+        test_loss, test_acc = sums(flat, test)
+        train_loss, _ = sums(flat, train)
+        return {"test_accuracy": test_acc, "test_loss": test_loss, "train_loss": train_loss}
+
+    return evaluate

@@ -1,0 +1,497 @@
+"""Arrival protocols: turn a :class:`DelayModel` into a :class:`Schedule` (see ``schedule.py`` for the conventions).
+
+Randomness. Everything is a deterministic function of ``seed`` (a non-negative int) and never touches numpy's global
+state or the host clock. Timing has its own streams, independent of any training randomness:
+
+* speeds:  ``np.random.default_rng([seed, 0x7157, 1])`` -> ``delays.sample_speeds(rng, n)`` (drawn once);
+* initial clients: ``default_rng([seed, 0x7157, 2])``;
+* client choices at refills (and synchronous participants): ``default_rng([seed, 0x7157, 3])``, consumed as U[0, 1)
+  in bulk blocks;
+* job durations: the duration of the ``k``-th job of client ``i`` (``k = 0, 1, ...`` counts that client's jobs in
+  dispatch order) is a pure function of ``(seed, i, k)`` (:class:`~asyncfl_jax.timing.delays.JobDurations`, a
+  counter-based stream keyed by ``SeedSequence([seed, 0x7157, 4])``). Hence a client's sequence of durations is the
+  same in every protocol and code path, a schedule for ``T`` steps is a prefix of the one for ``T' > T`` steps, and the
+  vectorized fast path and the event loop give identical schedules.
+
+Ties. A client never has two jobs in flight, so events are ordered by ``(finish time, client id)``: results that reach
+the server at the same virtual time are applied in increasing client id (after a zero-length job, the same client
+may be picked again and arrive again at the same instant; it is then ordered again by its id).
+
+Slots. Pending-buffer slots are handed out from a LIFO free list: the slots read at step ``t`` are released when step
+``t`` is applied (after its ``M``-th arrival), so only jobs of version ``>= t+1`` reuse them. ``num_slots`` is the
+largest number of slots ever held (``<= concurrency + buffer_size``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import numbers
+from typing import Any, Mapping
+
+import numpy as np
+
+from asyncfl_jax.timing.delays import DelayModel, JobDurations
+from asyncfl_jax.timing.schedule import Schedule
+
+TIMING_TAG = 0x7157
+REFILLS = ("immediate", "boundary")
+PROTOCOLS = ("all_active", "concurrent", "synchronous")
+_FORMAT = "asyncfl_jax.timing/1"
+_BASE_JOBS = 16  # at most this many jobs per client have their durations precomputed in one vectorized call
+_UNIFORM_BLOCK = 1 << 16  # uniforms drawn per rng call by the event loop
+
+
+# ---------------------------------------------------------------------- argument checks and random streams
+def _check_int(name: str, value: Any, low: int, high: int | None = None, high_name: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        bound = f"[{low}, {high_name or high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be in {bound}, got {value}" if high is not None else
+                         f"{name} must be {bound}, got {value}")
+    return value
+
+
+def _check_common(num_clients: Any, num_steps: Any, delays: Any, seed: Any) -> tuple[int, int, DelayModel, int]:
+    n = _check_int("num_clients", num_clients, 1)
+    T = _check_int("num_steps", num_steps, 1)
+    if not isinstance(delays, DelayModel):
+        delays = DelayModel.from_dict(delays)
+    seed = _check_int("seed", seed, 0)
+    return n, T, delays, seed
+
+
+def _rng(seed: int, stream: int) -> np.random.Generator:
+    return np.random.default_rng([seed, TIMING_TAG, stream])
+
+
+def client_speeds(num_clients: int, delays: DelayModel | Mapping[str, Any], seed: int) -> np.ndarray:
+    """float64 [n]: the speed factors ``s_i`` every protocol uses for ``(delays, seed)``."""
+    n, _, delays, seed = _check_common(num_clients, 1, delays, seed)
+    return delays.sample_speeds(_rng(seed, 1), n)
+
+
+def job_durations_table(num_clients: int, delays: DelayModel | Mapping[str, Any], seed: int) -> JobDurations:
+    """The :class:`JobDurations` every protocol uses for ``(delays, seed)``: ``.durations(i, k)`` is the duration of
+    client ``i``'s ``k``-th job."""
+    n, _, delays, seed = _check_common(num_clients, 1, delays, seed)
+    key = int(np.random.SeedSequence([seed, TIMING_TAG, 4]).generate_state(1, np.uint64)[0])
+    return JobDurations(delays, key, client_speeds(n, delays, seed))
+
+
+def _base_width(n: int, jobs: int) -> int:
+    """Jobs per client to precompute: about twice the mean number of jobs per client, in [2, 16]. (Durations do not
+    depend on how they are batched, so this only trades memory for the number of later per-client extensions.)"""
+    return int(min(_BASE_JOBS, max(2, -(-2 * jobs // n) + 2)))
+
+
+def _info(protocol: str, n: int, T: int, delays: DelayModel, seed: int, **extra: Any) -> dict[str, Any]:
+    return {"protocol": protocol, "num_clients": n, "num_steps": T, "seed": seed, "delays": delays.to_dict(),
+            **extra, "rng": _FORMAT}
+
+
+def _pad_rows(rows: np.ndarray, values: list[np.ndarray], T: int, width: int,
+              fills: list[Any], dtypes: list[Any]) -> list[np.ndarray]:
+    """Scatters flat per-entry values (rows non-decreasing) into [T, width] arrays, in order within each row."""
+    rows = np.asarray(rows, dtype=np.int64)
+    first = np.searchsorted(rows, np.arange(T), side="left")
+    cols = np.arange(rows.size, dtype=np.int64) - first[rows] if rows.size else rows
+    out = []
+    for v, fill, dtype in zip(values, fills, dtypes):
+        a = np.full((T, width), fill, dtype=dtype)
+        a[rows, cols] = v
+        out.append(a)
+    return out
+
+
+# ---------------------------------------------------------------------- concurrent: event loop
+def _concurrent_event_loop(n: int, T: int, delays: DelayModel, seed: int, concurrency: int, buffer_size: int,
+                           refill: str) -> Schedule:
+    """Discrete-event simulation of the concurrent protocol (the general path; arguments already validated)."""
+    Mc, M = concurrency, buffer_size
+    table = job_durations_table(n, delays, seed)
+    base = table.block(np.arange(n), 0, _base_width(n, T * M + Mc))  # [n, B0]
+    durs: list[list[float] | None] = [None] * n  # per-client durations, materialized lazily as Python floats
+
+    def extend(c: int, k: int) -> list[float]:
+        """Client c's known durations, extended to cover its job k (values do not depend on the chunking)."""
+        lst = durs[c]
+        if lst is None:
+            lst = durs[c] = base[c].tolist()
+        while k >= len(lst):
+            lst.extend(table.block(np.array([c]), len(lst), max(len(lst), 64))[0].tolist())
+        return lst
+
+    # Initial clients: Mc distinct clients, sorted by id; slot j for the j-th of them.
+    if Mc == n:
+        init = np.arange(n, dtype=np.int64)
+    else:
+        init = np.sort(_rng(seed, 2).choice(n, size=Mc, replace=False).astype(np.int64))
+    idle = np.ones(n, dtype=bool)
+    idle[init] = False
+    pool: list[int] = np.flatnonzero(idle).tolist()  # idle clients, in an order that only determinism relies on
+
+    choice_rng = _rng(seed, 3)
+    UB = _UNIFORM_BLOCK
+    uni: list[float] = choice_rng.random(UB).tolist()
+    ui = 0
+    t0 = 0.0
+    # Jobs: ids 0..Mc-1 are the initial jobs, then one per dispatch, in dispatch order.
+    job_slot: list[int] = list(range(Mc))
+    job_client: list[int] = []
+    job_row: list[int] = []
+    job_time: list[float] = []
+    job_count = [0] * n  # jobs started so far by each client (index of its next job's duration)
+    heap: list[tuple[float, int, int]] = []
+    for j, c in enumerate(init.tolist()):
+        job_count[c] = 1
+        heap.append((t0 + extend(c, 0)[0], c, j))
+    heapq.heapify(heap)
+    free: list[int] = []  # LIFO free list of slots released at step boundaries
+    pending: list[int] = []  # slots read during the current step
+    num_slots = Mc
+    arr_j: list[int] = []
+    arr_t: list[float] = []
+    step_times: list[float] = []
+    arr_j_append, arr_t_append, pending_append, pool_append = arr_j.append, arr_t.append, pending.append, pool.append
+    job_slot_append, job_client_append = job_slot.append, job_client.append
+    job_row_append, job_time_append = job_row.append, job_time.append
+    heappush, heappop, heapreplace = heapq.heappush, heapq.heappop, heapq.heapreplace
+    # NOTE: the two loops below share the dispatch code (inlined for speed); keep them in sync.
+    t = 0
+    m = 0
+    if refill == "immediate":
+        # Every arrival is replaced at once: peek the earliest job, then replace it in the heap by the new one.
+        while True:
+            time, c, j = heap[0]
+            arr_j_append(j)
+            arr_t_append(time)
+            pending_append(job_slot[j])
+            pool_append(c)
+            m += 1
+            if m == M:
+                step_times.append(time)
+                t += 1
+                m = 0
+                free.extend(pending)
+                pending.clear()
+                if t == T:
+                    break
+            # Uniform choice among the idle clients with an O(1) swap-remove (int(u * L) < L for doubles u < 1).
+            if ui == UB:
+                uni = choice_rng.random(UB).tolist()
+                ui = 0
+            size = len(pool)
+            i = int(uni[ui] * size)
+            ui += 1
+            c2 = pool[i]
+            last = pool.pop()
+            if i < size - 1:
+                pool[i] = last
+            if free:
+                job_slot_append(free.pop())
+            else:
+                job_slot_append(num_slots)
+                num_slots += 1
+            k = job_count[c2]
+            job_count[c2] = k + 1
+            lst = durs[c2]
+            if lst is None or k >= len(lst):
+                lst = extend(c2, k)
+            job_client_append(c2)
+            job_row_append(t)
+            job_time_append(time)
+            heapreplace(heap, (time + lst[k], c2, len(job_client) + Mc - 1))
+    else:
+        # Refill only at step boundaries, M clients at a time (sampled without replacement from the idle pool).
+        while True:
+            time, c, j = heappop(heap)
+            arr_j_append(j)
+            arr_t_append(time)
+            pending_append(job_slot[j])
+            pool_append(c)
+            m += 1
+            if m < M:
+                continue
+            step_times.append(time)
+            t += 1
+            m = 0
+            free.extend(pending)
+            pending.clear()
+            if t == T:
+                break
+            for _ in range(M):
+                if ui == UB:
+                    uni = choice_rng.random(UB).tolist()
+                    ui = 0
+                size = len(pool)
+                i = int(uni[ui] * size)
+                ui += 1
+                c2 = pool[i]
+                last = pool.pop()
+                if i < size - 1:
+                    pool[i] = last
+                if free:
+                    job_slot_append(free.pop())
+                else:
+                    job_slot_append(num_slots)
+                    num_slots += 1
+                k = job_count[c2]
+                job_count[c2] = k + 1
+                lst = durs[c2]
+                if lst is None or k >= len(lst):
+                    lst = extend(c2, k)
+                job_client_append(c2)
+                job_row_append(t)
+                job_time_append(time)
+                heappush(heap, (time + lst[k], c2, len(job_client) + Mc - 1))
+
+    all_client = np.concatenate([init, np.asarray(job_client, dtype=np.int64)])
+    all_slot = np.asarray(job_slot, dtype=np.int64)
+    all_version = np.concatenate([np.zeros(Mc, dtype=np.int64), np.asarray(job_row, dtype=np.int64)])
+    aj = np.asarray(arr_j, dtype=np.int64)
+    d_clients, d_slots, d_times = _pad_rows(
+        np.asarray(job_row, dtype=np.int64), [all_client[Mc:], all_slot[Mc:], np.asarray(job_time)], T, M,
+        [-1, -1, np.nan], [np.int32, np.int32, np.float64])
+    return Schedule(
+        init_clients=init.astype(np.int32),
+        init_slots=np.arange(Mc, dtype=np.int32),
+        dispatch_clients=d_clients,
+        dispatch_slots=d_slots,
+        dispatch_times=d_times,
+        arrival_clients=all_client[aj].astype(np.int32).reshape(T, M),
+        arrival_slots=all_slot[aj].astype(np.int32).reshape(T, M),
+        arrival_versions=all_version[aj].astype(np.int32).reshape(T, M),
+        arrival_times=np.asarray(arr_t, dtype=np.float64).reshape(T, M),
+        step_times=np.asarray(step_times, dtype=np.float64),
+        num_clients=n,
+        num_slots=num_slots,
+        init_time=t0,
+        info=_info("concurrent", n, T, delays, seed, concurrency=Mc, buffer_size=M, refill=refill),
+    )
+
+
+# ---------------------------------------------------------------------- concurrent: vectorized fast path
+def _concurrent_fast(n: int, T: int, delays: DelayModel, seed: int, refill: str) -> Schedule:
+    """All ``n`` clients always active, one arrival per step (``concurrency == n``, ``buffer_size == 1``).
+
+    Every client is redispatched to itself at each of its arrivals, so client ``i``'s finish times are the cumulative
+    sums of its own job durations. The first ``T`` finish times over all clients, in ``(time, client, job)`` order, are
+    the arrivals. Client ``i`` keeps slot ``i``; the job that arrives at step ``t`` is followed by a job of version
+    ``t+1`` of the same client (the LIFO free list of the event loop makes exactly the same choices).
+    """
+    table = job_durations_table(n, delays, seed)
+    t0 = 0.0
+    all_clients = np.arange(n, dtype=np.int64)
+    # Known finish times, in levels: level 0 has jobs [0, B0) of every client; level l adds jobs [K_{l-1}, K_l) of the
+    # clients that may still have unknown finish times among the first T.
+    width = _base_width(n, T + n)
+    times_l = [np.cumsum(np.concatenate([np.full((n, 1), t0), table.block(all_clients, 0, width)], axis=1),
+                         axis=1)[:, 1:]]
+    clients_l = [all_clients]
+    first_l = [0]
+    last_time = times_l[0][:, -1].copy()
+    known = np.full(n, width, dtype=np.int64)  # jobs known per client (last known job = known - 1)
+    while True:
+        flat_t = np.concatenate([a.ravel() for a in times_l])
+        if flat_t.size < T:
+            needy = all_clients
+        else:
+            tau = np.partition(flat_t, T - 1)[T - 1]
+            less = int(np.count_nonzero(flat_t < tau))
+            # Among known events at time tau, the (T - less)-th in (client, job) order is the T-th event overall.
+            tie_c, tie_k = [], []
+            for a, cl, f in zip(times_l, clients_l, first_l):
+                r, col = np.nonzero(a == tau)
+                tie_c.append(cl[r])
+                tie_k.append(col + f)
+            tie_c = np.concatenate(tie_c)
+            tie_k = np.concatenate(tie_k)
+            o = np.lexsort((tie_k, tie_c))[T - less - 1]
+            c_star, k_star = int(tie_c[o]), int(tie_k[o])
+            # A client's unknown jobs come after its last known one; extend those whose last known event precedes
+            # the T-th event (time, client, job) = (tau, c_star, k_star).
+            last_k = known - 1
+            needy = np.flatnonzero((last_time < tau) | ((last_time == tau) & (
+                (all_clients < c_star) | ((all_clients == c_star) & (last_k < k_star)))))
+            if needy.size == 0:
+                break
+        # Double the known prefix of each needy client (one level per distinct prefix length; usually one).
+        for first in np.unique(known[needy]).tolist():
+            group = needy[known[needy] == first]
+            block = table.block(group, first, first)
+            cums = np.cumsum(np.concatenate([last_time[group, None], block], axis=1), axis=1)[:, 1:]
+            times_l.append(cums)
+            clients_l.append(group)
+            first_l.append(first)
+            last_time[group] = cums[:, -1]
+            known[group] += first
+
+    # Select the first T events and order them by (time, client, job).
+    sel_t, sel_c, sel_k = [], [], []
+    for a, cl, f in zip(times_l, clients_l, first_l):
+        cc = np.broadcast_to(cl[:, None], a.shape)
+        kk = np.broadcast_to(np.arange(f, f + a.shape[1])[None, :], a.shape)
+        mask = (a < tau) | ((a == tau) & ((cc < c_star) | ((cc == c_star) & (kk <= k_star))))
+        sel_t.append(a[mask])
+        sel_c.append(cc[mask])
+        sel_k.append(kk[mask])
+    ev_t = np.concatenate(sel_t)
+    ev_c = np.concatenate(sel_c)
+    ev_k = np.concatenate(sel_k)
+    assert ev_t.size == T, (ev_t.size, T)
+    order = np.lexsort((ev_k, ev_c, ev_t))
+    ev_t, ev_c, ev_k = ev_t[order], ev_c[order], ev_k[order]
+    # Version of each arrival: 0 for a client's first job, else (step of its previous arrival) + 1.
+    steps = np.arange(T, dtype=np.int64)
+    by_client = np.lexsort((ev_k, ev_c))
+    prev = np.empty(T, dtype=np.int64)
+    sc = steps[by_client]
+    prev[by_client[1:]] = sc[:-1]
+    versions = np.where(ev_k > 0, prev + 1, 0)
+
+    arrival_clients = ev_c.astype(np.int32).reshape(T, 1)
+    dispatch_clients = np.full((T, 1), -1, dtype=np.int32)
+    dispatch_clients[1:, 0] = arrival_clients[:-1, 0]
+    dispatch_times = np.full((T, 1), np.nan)
+    dispatch_times[1:, 0] = ev_t[:-1]
+    return Schedule(
+        init_clients=np.arange(n, dtype=np.int32),
+        init_slots=np.arange(n, dtype=np.int32),
+        dispatch_clients=dispatch_clients,
+        dispatch_slots=dispatch_clients.copy(),
+        dispatch_times=dispatch_times,
+        arrival_clients=arrival_clients,
+        arrival_slots=arrival_clients.copy(),
+        arrival_versions=versions.astype(np.int32).reshape(T, 1),
+        arrival_times=ev_t.astype(np.float64).reshape(T, 1),
+        step_times=ev_t.astype(np.float64),
+        num_clients=n,
+        num_slots=n,
+        init_time=t0,
+        info=_info("concurrent", n, T, delays, seed, concurrency=n, buffer_size=1, refill=refill),
+    )
+
+
+# ---------------------------------------------------------------------- public protocols
+def concurrent(num_clients: int, num_steps: int, delays: DelayModel | Mapping[str, Any], seed: int,
+               concurrency: int, buffer_size: int, refill: str = "immediate") -> Schedule:
+    """Fixed concurrency ``Mc`` with a buffer of ``M`` results per server step (FedBuff / CA2FL Algorithm 2).
+
+    ``Mc`` distinct clients, sampled uniformly without replacement, start from ``x_0`` at time 0 (``init_clients``,
+    sorted by id, slots ``0..Mc-1``). The server applies step ``t`` at the arrival time of its ``M``-th result.
+
+    * ``refill="boundary"`` (CA2FL): right after step ``t`` is applied, ``M`` clients are sampled uniformly without
+      replacement from all clients not training (including those that just reported); they start from ``x_{t+1}`` at
+      that time and form ``dispatch_clients[t+1]`` (``dispatch_clients[0]`` is empty). Between boundaries only
+      ``Mc - M`` .. ``Mc`` clients are in flight; the mean staleness tends to ``(Mc - M) / M``.
+    * ``refill="immediate"`` (original FedBuff): every arrival is replaced at once by one client sampled uniformly
+      from the idle clients (including the one that arrived). Replacements of arrivals ``1..M-1`` of step ``t`` start
+      from ``x_t`` (``dispatch_clients[t]``); the replacement of the ``M``-th starts from ``x_{t+1}``
+      (``dispatch_clients[t+1]``). So ``dispatch_clients[0]`` holds ``M-1`` clients, later rows ``M``.
+
+    Dispatch width ``D = M``. Arrivals are listed in time order (ties: by client id). Requires
+    ``1 <= buffer_size <= concurrency <= num_clients``. With ``concurrency == num_clients`` and ``buffer_size == 1``
+    (both refills coincide) a vectorized path builds the same schedule as the event loop.
+    """
+    n, T, delays, seed = _check_common(num_clients, num_steps, delays, seed)
+    Mc = _check_int("concurrency", concurrency, 1, n, f"num_clients={n}")
+    M = _check_int("buffer_size", buffer_size, 1, Mc, f"concurrency={Mc}")
+    if not isinstance(refill, str) or refill not in REFILLS:
+        raise ValueError(f"refill must be one of {list(REFILLS)}, got {refill!r}")
+    if Mc == n and M == 1:
+        return _concurrent_fast(n, T, delays, seed, refill)
+    return _concurrent_event_loop(n, T, delays, seed, Mc, M, refill)
+
+
+def all_active(num_clients: int, num_steps: int, delays: DelayModel | Mapping[str, Any], seed: int) -> Schedule:
+    """All clients always training, one arrival per server step (ACE, AREA, FedAsync).
+
+    Equal to ``concurrent(n, T, delays, seed, concurrency=n, buffer_size=1)`` (except ``info["protocol"]``): every
+    arriving client is immediately sent the new model ``x_{t+1}``. Client ``i`` keeps slot ``i``.
+    """
+    n, T, delays, seed = _check_common(num_clients, num_steps, delays, seed)
+    schedule = _concurrent_fast(n, T, delays, seed, "immediate")
+    return dataclasses.replace(schedule, info=_info("all_active", n, T, delays, seed, concurrency=n, buffer_size=1))
+
+
+def synchronous(num_clients: int, num_steps: int, delays: DelayModel | Mapping[str, Any], seed: int,
+                participants: int | None = None) -> Schedule:
+    """Synchronous rounds (FedAvg): the server waits for the slowest participant.
+
+    Round ``t`` starts at ``start_t`` (``start_0 = 0``, ``start_{t+1} = step_times[t]``): ``m = participants`` clients
+    (``None``: all ``n``, in id order; else sampled uniformly without replacement, then sorted) start from ``x_t`` and
+    all arrive in step ``t`` (staleness 0) at ``start_t + d_i``; ``step_times[t] = start_t + max_i d_i``.
+    ``dispatch_clients[t] == arrival_clients[t]`` with slots ``0..m-1``; there are no initial jobs.
+    """
+    n, T, delays, seed = _check_common(num_clients, num_steps, delays, seed)
+    m = n if participants is None else _check_int("participants", participants, 1, n, f"num_clients={n}")
+    table = job_durations_table(n, delays, seed)
+    if m == n:
+        clients = np.broadcast_to(np.arange(n, dtype=np.int64), (T, n))
+        jobs = np.broadcast_to(np.arange(T, dtype=np.int64)[:, None], (T, n))
+    else:
+        rng = _rng(seed, 3)
+        clients = np.sort(np.stack([rng.choice(n, size=m, replace=False) for _ in range(T)]), axis=1)
+        flat = clients.ravel()
+        order = np.argsort(flat, kind="stable")
+        counts = np.bincount(flat, minlength=n)
+        starts = np.cumsum(counts) - counts
+        ranks = np.empty(flat.size, dtype=np.int64)
+        ranks[order] = np.arange(flat.size) - np.repeat(starts, counts)
+        jobs = ranks.reshape(T, m)
+    durations = np.empty((T, m))
+    rows = max(1, (1 << 20) // m)  # bounded temporaries
+    for r in range(0, T, rows):
+        durations[r:r + rows] = table.durations(clients[r:r + rows], jobs[r:r + rows])
+    t0 = 0.0
+    step_times = np.cumsum(np.concatenate([[t0], durations.max(axis=1)]))
+    starts_t = step_times[:-1]
+    ids = np.ascontiguousarray(clients, dtype=np.int32)
+    slots = np.broadcast_to(np.arange(m, dtype=np.int32), (T, m)).copy()
+    return Schedule(
+        init_clients=np.zeros(0, dtype=np.int32),
+        init_slots=np.zeros(0, dtype=np.int32),
+        dispatch_clients=ids,
+        dispatch_slots=slots,
+        dispatch_times=np.repeat(starts_t[:, None], m, axis=1),
+        arrival_clients=ids.copy(),
+        arrival_slots=slots.copy(),
+        arrival_versions=np.broadcast_to(np.arange(T, dtype=np.int32)[:, None], (T, m)).copy(),
+        arrival_times=starts_t[:, None] + durations,
+        step_times=step_times[1:],
+        num_clients=n,
+        num_slots=m,
+        init_time=t0,
+        info=_info("synchronous", n, T, delays, seed, participants=m),
+    )
+
+
+_OPTIONS = {
+    "all_active": (all_active, ()),
+    "concurrent": (concurrent, ("concurrency", "buffer_size", "refill")),
+    "synchronous": (synchronous, ("participants",)),
+}
+
+
+def make_schedule(protocol: str, num_clients: int, num_steps: int, delays: DelayModel | Mapping[str, Any],
+                  seed: int, **options: Any) -> Schedule:
+    """Builds a schedule by protocol name (``"all_active"``, ``"concurrent"``, ``"synchronous"``).
+
+    ``delays`` may be a :class:`DelayModel` or its ``to_dict()`` form; ``options`` are the protocol's keyword
+    arguments (``concurrent``: ``concurrency``, ``buffer_size`` (both required), ``refill``; ``synchronous``:
+    ``participants``; ``all_active``: none).
+    """
+    if protocol not in _OPTIONS:
+        raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
+    fn, valid = _OPTIONS[protocol]
+    unknown = [k for k in options if k not in valid]
+    if unknown:
+        raise ValueError(f"unknown option {unknown[0]!r} for protocol {protocol!r}; valid options are {list(valid)}")
+    if protocol == "concurrent":
+        missing = [k for k in ("concurrency", "buffer_size") if k not in options]
+        if missing:
+            raise ValueError(f"protocol 'concurrent' requires option {missing[0]!r}")
+    return fn(num_clients, num_steps, delays, seed, **options)
