@@ -203,8 +203,8 @@ def _build(cls, raw: Any, prefix: str):
     for key, value in raw.items():
         if key not in fields:
             close = difflib.get_close_matches(key, list(fields), n=1)
-            hint = f"; did you mean {prefix}{close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown option {prefix}{key!r} (valid: {sorted(fields)}){hint}")
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown option '{prefix}{key}' (valid in this section: {sorted(fields)}){hint}")
         nested = _NESTED.get((cls.__name__, key))
         if nested is not None:
             value = _build(nested, value, f"{prefix}{key}.")

@@ -20,7 +20,7 @@ import numpy as np
 from asyncfl_jax.algorithms import get_algorithm
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.config import ExperimentConfig, RunConfig, validate
-from asyncfl_jax.data import partition as partition_lib
+from asyncfl_jax.data.partition import partition as split_clients
 from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.engine import simulate
 from asyncfl_jax.models.core import make_model
@@ -58,7 +58,7 @@ def partition_dataset(cfg: ExperimentConfig, dataset: Dataset) -> list[np.ndarra
         "shards": {"shards_per_client": d.shards_per_client},
         "power_law": {"exponent": d.power_law_exponent, "min_size": d.min_size},
     }[d.partition]
-    return partition_lib.partition(d.partition, dataset.train_y, d.num_clients, d.seed, **options)
+    return split_clients(d.partition, dataset.train_y, d.num_clients, d.seed, **options)
 
 
 def build_task(cfg: ExperimentConfig) -> Task:

@@ -10,7 +10,8 @@ Results schema (one output folder per ``asyncfl run``):
 * ``summary.json``: per run: algorithm and options, replicas (seed and hyper-parameters), final and best accuracy,
   divergence step per replica (-1: none), staleness and participation statistics of the schedule, compile and run
   seconds.
-* ``accuracy.png``: test accuracy against virtual time and against server step (mean over replicas, min-max band).
+* ``accuracy.png``: test accuracy against virtual time, server step and client uploads (mean over replicas, min-max
+  band).
 
 Every file is written atomically (temporary file in the same folder, then rename).
 """
@@ -173,7 +174,8 @@ def write_results(out_dir: str, config: dict[str, Any], histories: Sequence[Hist
 
 # ---------------------------------------------------------------------------------------------------- plots
 def plot_accuracy(histories: Sequence[History], path: str | None = None, metric: str = "test_accuracy"):
-    """Two panels: ``metric`` against virtual time and against server step; mean over replicas, min-max band.
+    """Three panels: ``metric`` against virtual time, server step and client uploads; mean over replicas with a
+    min-max band, and a dotted line where a replica diverged.
 
     Returns the matplotlib figure; with ``path`` it is also saved (atomically) as PNG.
     """
@@ -183,24 +185,23 @@ def plot_accuracy(histories: Sequence[History], path: str | None = None, metric:
         matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
     for h in histories:
         values = h.metrics[metric]
-        mean = np.nanmean(values, axis=0) if np.isfinite(values).any() else values[0]
-        lo, hi = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
-        time = np.nanmean(h.times, axis=0)
-        for ax, x in ((axes[0], time), (axes[1], h.steps)):
+        with np.errstate(all="ignore"):
+            mean = np.nanmean(np.where(np.isfinite(values), values, np.nan), axis=0)
+            lo, hi = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
+        xs = (np.nanmean(h.times, axis=0), h.steps, np.mean(h.uploads, axis=0))
+        for ax, x in zip(axes, xs):
             (line,) = ax.plot(x, mean, label=h.label)
             if h.num_replicas > 1:
                 ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
-        for d in h.diverged_at[h.diverged_at >= 0]:  # dotted line where a replica diverged
-            e = min(int(np.searchsorted(h.steps, d)), len(h.steps) - 1)
-            axes[0].axvline(time[e], color=line.get_color(), ls=":", lw=1)
-            axes[1].axvline(d, color=line.get_color(), ls=":", lw=1)
+            for d in h.diverged_at[h.diverged_at >= 0]:  # dotted line where a replica diverged
+                e = min(int(np.searchsorted(h.steps, d)), len(h.steps) - 1)
+                ax.axvline(x[e], color=line.get_color(), ls=":", lw=1)
     label = metric.replace("_", " ")
-    axes[0].set(xlabel="virtual time", ylabel=label, title=f"{label} vs virtual time")
-    axes[1].set(xlabel="server step", ylabel=label, title=f"{label} vs server step")
-    for ax in axes:
+    for ax, xlabel in zip(axes, ("virtual time", "server step", "client uploads")):
+        ax.set(xlabel=xlabel, ylabel=label, title=f"{label} vs {xlabel}")
         ax.grid(alpha=0.3)
         ax.legend()
     if path is not None:

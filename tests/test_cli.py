@@ -1,0 +1,122 @@
+"""The command line and configuration: bad options are rejected before compiling, good ones run end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from asyncfl_jax import cli
+from asyncfl_jax.config import ConfigError, ExperimentConfig, set_option, validate
+
+SMALL = ["--set", "data.num_clients=20", "--set", "runs.arrivals=60", "--set", "local.steps=2",
+         "--set", "eval_points=3", "--no-progress"]
+
+
+def _error(capsys, *argv) -> str:
+    assert cli.main(list(argv)) == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["--algorithm", "fedbuf"], "runs[0].algorithm = 'fedbuf': must be one of"),
+        (["--algorithm", "fedbuff", "--buffer-size", "30", "--concurrency", "20"],
+         "runs[0].protocol.buffer_size = 30: must be <= protocol.concurrency (20)"),
+        (["--algorithm", "fedasync", "--hparam", "alpha=0"], "runs[0].hparams.alpha = 0.0: must be in (0, 1]"),
+        (["--algorithm", "fedasync", "--hparam", "alpha=-0.5"], "must be in (0, 1]"),
+        (["--num-clients", "0"], "data.num_clients = 0: must be an integer >= 1"),
+        (["--algorithm", "fedavg", "--protocol", "concurrent"], "fedavg is synchronous"),
+        (["--algorithm", "fedasync", "--staleness", "cubic"], "staleness must be one of"),
+        (["--algorithm", "fedbuff", "--hparam", "server_lr=1,-1"], "runs[0].hparams.server_lr"),
+        (["--algorithm", "fedbuff", "--hparam", "alpha=0.5"], "'alpha' is not used by fedbuff"),
+        (["--set", "data.nmu_clients=5"], "unknown option 'data.nmu_clients'"),
+        (["--model", "cnn"], "'cnn' needs image data"),
+        (["--set", "delays.speed=warp"], "speed"),
+        (["--dataset", "fashion_mnist", "--data-dir", "/nonexistent-folder"], "dataset files are missing"),
+        (["--seeds", "0,x"], "--seeds"),
+        (["--concurrency", "500"], "must be <= data.num_clients (100)"),
+    ],
+)
+def test_bad_options_are_rejected_with_a_clear_message(capsys, argv, expected):
+    err = _error(capsys, "run", "--no-progress", *argv)
+    assert expected in err, err
+    assert "Traceback" not in err
+
+
+def test_missing_dataset_message_says_how_to_get_the_files(capsys):
+    err = _error(capsys, "run", "--dataset", "mnist", "--data-dir", "/nonexistent-folder")
+    assert "/nonexistent-folder" in err and "--data-dir" in err
+
+
+def test_unknown_config_key_suggests_the_closest(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"runs": [{"algorithm": "fedbuff", "arrivals": 10, "hparms": {}}]}))
+    with pytest.raises(ConfigError, match=r"unknown option 'runs\[0\]\.hparms'.*did you mean 'runs\[0\]\.hparams'"):
+        ExperimentConfig.from_json(str(path))
+
+
+def test_config_round_trip_and_set_option():
+    cfg = ExperimentConfig()
+    raw = cfg.to_dict()
+    set_option(raw, "runs.protocol.concurrency=10")
+    set_option(raw, "local.lr=0.1")
+    again = ExperimentConfig.from_dict(raw)
+    assert [r.protocol.concurrency for r in again.runs] == [10, 10]
+    assert again.local.lr == 0.1
+    validate(again)
+
+
+def test_print_config_is_valid_json(capsys):
+    assert cli.main(["run", "--print-config"]) == 0
+    raw = json.loads(capsys.readouterr().out)
+    assert [r["algorithm"] for r in raw["runs"]] == ["fedbuff", "fedasync"]
+
+
+def test_run_writes_results(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = cli.main(["run", "--out", str(out), *SMALL, "--seeds", "0,1"])
+    assert code == 0
+    assert sorted(os.listdir(out)) == ["accuracy.png", "config.json", "metrics.csv", "summary.json"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["run"] for r in summary["runs"]] == ["fedbuff", "fedasync"]
+    assert all(len(r["final_test_accuracy"]) == 2 for r in summary["runs"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["data"]["num_clients"] == 20 and config["seeds"] == [0, 1]
+    assert "final test accuracy" in capsys.readouterr().out
+
+
+def test_run_a_config_file_with_a_sweep(tmp_path):
+    cfg = {
+        "data": {"num_clients": 8},
+        "model": {"name": "logreg"},
+        "local": {"steps": 2, "batch_size": None},
+        "runs": [{"algorithm": "fedavg", "protocol": {"name": "synchronous", "participants": 4}, "steps": 5,
+                  "hparams": {"server_lr": [0.5, 1.0]}}],
+        "eval_every": 5,
+        "output": str(tmp_path / "sweep"),
+    }
+    path = tmp_path / "exp.json"
+    path.write_text(json.dumps(cfg))
+    assert cli.main(["run", "--config", str(path), "--no-progress", "--no-plot"]) == 0
+    lines = (tmp_path / "sweep" / "metrics.csv").read_text().splitlines()
+    assert lines[0].split(",")[:5] == ["run", "algorithm", "replica", "seed", "server_lr"]
+    assert len(lines) == 1 + 2 * 2  # 2 replicas x evaluations at steps 0 and 5
+
+
+def test_fashion_mnist_from_debian_files(tmp_path):
+    from asyncfl_jax.data.idx import DatasetNotFoundError, find_idx_dir
+
+    try:
+        find_idx_dir("fashion_mnist")
+    except DatasetNotFoundError:
+        pytest.skip("Fashion-MNIST IDX files are not installed (apt-get install dataset-fashion-mnist)")
+    out = tmp_path / "fmnist"
+    code = cli.main(["run", "--dataset", "fashion_mnist", "--partition", "dirichlet", "--dirichlet-alpha", "0.5",
+                     "--model", "logreg", "--algorithm", "fedbuff", "--arrivals", "100", "--num-clients", "20",
+                     "--local-steps", "2", "--out", str(out), "--no-progress", "--no-plot"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())["runs"][0]
+    assert summary["final_test_accuracy"][0] > 0.3  # 100 uploads of logistic regression learn something
