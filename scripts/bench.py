@@ -101,6 +101,23 @@ def matmul_peak(sizes: list[int], repeats: int) -> dict[str, Any]:
     return {"sizes": rows, "peak_gflops": max(r["gflops"] for r in rows)}
 
 
+def make_matmul_probe(n: int = 1024, repeats: int = 2):
+    """A cheap matmul-rate probe (GFLOP/s, best of ``repeats``) to run right next to another measurement."""
+    f = jax.jit(lambda a, b: a @ b)
+    a = jax.random.normal(jax.random.PRNGKey(7), (n, n), jnp.float32)
+    f(a, a).block_until_ready()
+
+    def probe() -> float:
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            f(a, a).block_until_ready()
+            best = min(best, time.perf_counter() - t0)
+        return 2.0 * n**3 / best / 1e9
+
+    return probe
+
+
 # ---------------------------------------------------------------------------------------------------- data
 def load_data() -> tuple[Dataset, str]:
     try:
@@ -122,8 +139,12 @@ def load_data() -> tuple[Dataset, str]:
 
 
 # ---------------------------------------------------------------------------------------------------- 2a. engine
-def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas) -> dict[str, Any]:
-    """Times the engine's compiled chunk over ``schedule`` (its length is a multiple of ``chunk_len``)."""
+def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, probe=None) -> dict[str, Any]:
+    """Times the engine's compiled chunk over ``schedule`` (its length is a multiple of ``chunk_len``).
+
+    ``probe()`` (optional) measures the matmul rate right after each timed chunk, so each chunk's GFLOP/s can be
+    compared with the machine's rate at that moment (the machine may be shared).
+    """
     T = schedule.num_steps
     num_chunks = T // chunk_len
     assert num_chunks * chunk_len == T
@@ -166,12 +187,14 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas) 
     timed = list(range(1, num_chunks)) or [0]
     if timed == [0]:  # a single chunk: time it (after warm-up there is nothing left; re-run from a fresh init)
         carry = init_c(sched, hp, keys)
-    chunk_seconds = []
+    chunk_seconds, probes = [], []
     for c in timed:  # blocking after each chunk costs nothing measurable and gives per-chunk rates
         t0 = time.perf_counter()
         carry, out = chunk_c(carry, parts[c], hp, keys)
         jax.block_until_ready((carry, out))
         chunk_seconds.append(time.perf_counter() - t0)
+        if probe is not None:
+            probes.append(probe())
     seconds = float(sum(chunk_seconds))
 
     steps = range(timed[0] * chunk_len, (timed[-1] + 1) * chunk_len)
@@ -207,6 +230,8 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas) 
         "server_steps_per_second": len(steps) / seconds,
         "jobs_per_second": jobs / seconds,
         "chunk_seconds": chunk_seconds,
+        "chunk_jobs": [int((schedule.dispatch_clients[c * chunk_len:(c + 1) * chunk_len] >= 0).sum()) for c in timed],
+        "matmul_gflops_after_chunk": probes,
         "best_chunk_updates_per_second": arrivals / len(timed) / min(chunk_seconds),
         "full_eval_seconds": best_eval,
         "final_test_accuracy": final_acc,
@@ -335,7 +360,8 @@ def bench_schedules() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- main
-def run_model(name: str, ds: Dataset, parts, chunk_len: int, chunks: int, baseline_steps: int) -> dict[str, Any]:
+def run_model(name: str, ds: Dataset, parts, chunk_len: int, chunks: int, baseline_steps: int,
+              probe=None) -> dict[str, Any]:
     model = make_model(name, ds.input_shape, ds.num_classes, seed=SEED)
     task = make_task(ds, parts, model, seed=SEED)
     local = LocalConfig(steps=K, batch_size=B)
@@ -350,30 +376,39 @@ def run_model(name: str, ds: Dataset, parts, chunk_len: int, chunks: int, baseli
     log(f"[{name}] d={model.num_params}, FLOPs/job={flops / 1e6:.2f} M (K={K} x fwd+bwd on B={B}), T={T} steps "
         f"({chunks} chunks of {chunk_len}), schedule {sched_seconds:.2f} s")
 
-    eng = bench_engine(task, algorithm, local, schedule, chunk_len, replicas)
+    eng = bench_engine(task, algorithm, local, schedule, chunk_len, replicas, probe)
     eng["gflops"] = eng["timed_jobs"] * flops / eng["run_seconds"] / 1e9
+    if eng["matmul_gflops_after_chunk"]:  # each chunk's GFLOP/s over the matmul rate measured right after it
+        eng["paired_fraction_of_matmul"] = float(np.median([
+            j * flops / sec / 1e9 / mm for j, sec, mm in
+            zip(eng["chunk_jobs"], eng["chunk_seconds"], eng["matmul_gflops_after_chunk"])]))
     eng["gflops_incl_padded_jobs"] = eng["timed_computed_jobs"] * flops / eng["run_seconds"] / 1e9
     log(f"  engine:   {eng['updates_per_second']:9.1f} updates/s, {eng['server_steps_per_second']:8.1f} steps/s, "
-        f"{eng['gflops']:6.2f} GFLOP/s, compile {eng['compile_seconds']:.1f} s "
-        f"(timed {eng['timed_steps']} steps in {eng['run_seconds']:.2f} s; full eval {eng['full_eval_seconds'] * 1e3:.0f} ms)")
+        f"{eng['gflops']:6.2f} GFLOP/s, compile {eng['compile_seconds']:.1f} s (timed {eng['timed_steps']} steps in "
+        f"{eng['run_seconds']:.2f} s; best chunk {eng['best_chunk_updates_per_second']:.1f} updates/s; full eval "
+        f"{eng['full_eval_seconds'] * 1e3:.0f} ms)")
 
-    base = bench_baseline(task, algorithm, local, schedule, min(baseline_steps, T), replicas[0])
+    n_base = min(baseline_steps, T)
+    base = bench_baseline(task, algorithm, local, schedule, n_base, replicas[0])
     base["gflops"] = base["timed_jobs"] * flops / base["run_seconds"] / 1e9
     log(f"  baseline: {base['updates_per_second']:9.1f} updates/s, {base['server_steps_per_second']:8.1f} steps/s, "
         f"{base['gflops']:6.2f} GFLOP/s (timed {base['timed_steps']} steps in {base['run_seconds']:.2f} s)")
+    floor = bench_baseline(task, algorithm, local, schedule, n_base, replicas[0], noop=True)
+    floor.pop("_params", None)
+    log(f"  baseline loop with a no-op local update (Python + dispatch floor): {floor['updates_per_second']:.0f} "
+        f"updates/s = {1e6 / floor['jobs_per_second']:.0f} us per event (vs {1e6 / base['jobs_per_second']:.0f} us "
+        "with training)")
 
-    # Same math check: baseline after `baseline_steps` steps vs engine after its first chunk (same number of steps).
+    # Same math check: baseline after `chunk_len` steps vs engine after its first chunk (same number of steps).
     check = None
+    a, b = eng.pop("_params_after_first_chunk"), base.pop("_params")
     if base["timed_steps"] == chunk_len:
-        a, b = eng.pop("_params_after_first_chunk"), base.pop("_params")
         diff = float(np.max(np.abs(a - b)))
         scale = float(np.max(np.abs(a)))
         check = {"steps": chunk_len, "max_abs_diff": diff, "max_abs_param": scale,
                  "match": bool(np.isfinite(diff) and diff <= 1e-3 * max(scale, 1.0))}
         log(f"  check: engine vs baseline after {chunk_len} steps: max |diff| = {diff:.2e} (max |x| = {scale:.2f}) "
             f"-> {'match' if check['match'] else 'MISMATCH'}")
-    eng.pop("_params_after_first_chunk", None)
-    base.pop("_params", None)
 
     iso = bench_isolated_local(task, local, flops, schedule.dispatch_width)
     log(f"  isolated jit(vmap(local)) of {iso['width']} jobs: {iso['best_seconds'] * 1e3:.2f} ms/call, "
@@ -385,78 +420,90 @@ def run_model(name: str, ds: Dataset, parts, chunk_len: int, chunks: int, baseli
         "schedule_seconds": sched_seconds,
         "engine": eng,
         "baseline": base,
+        "baseline_noop": floor,
         "speedup_updates_per_second": eng["updates_per_second"] / base["updates_per_second"],
         "check": check,
         "isolated_local": iso,
     }
 
 
-def fmt_row(cells, widths):
+def _row(cells, widths):
     return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
 
 def print_table(res: dict[str, Any]) -> None:
     peak = res["matmul"]["peak_gflops"]
+    bar = "=" * 104
     print()
-    print("=" * 100)
-    print(f"asyncfl_jax benchmark  |  jax {res['env']['jax']} on {res['env']['device']} "
-          f"({res['env']['cpu_count']} CPUs)  |  data: {res['data']}  |  {'quick' if res['quick'] else 'full'} run")
-    print(f"FedBuff: n={NUM_CLIENTS}, Mc={CONCURRENCY}, M={BUFFER}, refill={REFILL}, K={K}, B={B}, SGD lr {CLIENT_LR}; "
-          "engine timed with evaluation disabled (2-example eval sets)")
-    print("=" * 100)
-    mm = ", ".join(f"{r['n']}: {r['gflops']:.1f}" for r in res["matmul"]["sizes"])
-    print(f"matmul float32 GFLOP/s  ({mm})  ->  peak {peak:.1f}")
-    print("-" * 100)
-    w = [26, 14, 14, 14, 14]
-    print(fmt_row(["", "logreg eng", "logreg base", "mlp eng", "mlp base"], w))
-    m = {r["model"]: r for r in res["models"]}
-    L, P = m.get("logreg"), m.get("mlp")
+    print(bar)
+    e = res["env"]
+    print(f"asyncfl_jax benchmark | jax {e['jax']} on {e['device']} ({e['cpu_count']} CPUs) | data: {res['data']} | "
+          f"{'quick' if res['quick'] else 'full'} run")
+    print(f"FedBuff: n={NUM_CLIENTS}, Mc={CONCURRENCY}, M={BUFFER}, refill={REFILL}, K={K}, B={B}, SGD lr {CLIENT_LR}, "
+          "IID, seed 0")
+    print("engine timed without compile/initial jobs/first chunk, with evaluation disabled (2-example eval sets)")
+    print(bar)
+    for label, key in (("start", "sizes"), ("end", "sizes_end")):
+        if key in res["matmul"]:
+            mm = ", ".join(f"n={r['n']}: {r['gflops']:.1f}" for r in res["matmul"][key])
+            print(f"matmul float32 GFLOP/s at {label:<5}: {mm}")
+    print(f"matmul peak (best of all): {peak:.1f} GFLOP/s")
+    print("-" * 104)
+    by = {r["model"]: r for r in res["models"]}
+    cols = [(m, side) for m in ("logreg", "mlp") if m in by for side in ("engine", "baseline")]
+    w = [30] + [15] * len(cols)
+    print(_row([""] + [f"{m} {'eng' if side == 'engine' else 'loop'}" for m, side in cols], w))
 
-    def cell(r, side, key, f="{:.1f}"):
-        if r is None:
-            return "-"
-        v = r[side].get(key)
-        return "-" if v is None else f.format(v)
+    def line(label, fn):
+        cells = []
+        for m, side in cols:
+            try:
+                v = fn(by[m], side)
+            except (KeyError, TypeError):
+                v = None
+            cells.append("" if v is None else v)
+        print(_row([label] + cells, w))
 
-    rows = [
-        ("client updates / s", "updates_per_second", "{:.1f}"),
-        ("server steps / s", "server_steps_per_second", "{:.1f}"),
-        ("local-train GFLOP/s", "gflops", "{:.2f}"),
-        ("timed steps", "timed_steps", "{:d}"),
-        ("timed seconds", "run_seconds", "{:.2f}"),
-    ]
-    for label, key, f in rows:
-        print(fmt_row([label, cell(L, "engine", key, f), cell(L, "baseline", key, f), cell(P, "engine", key, f),
-                       cell(P, "baseline", key, f)], w))
-    print(fmt_row(["compile s (engine)", cell(L, "engine", "compile_seconds", "{:.1f}"), "",
-                   cell(P, "engine", "compile_seconds", "{:.1f}"), ""], w))
-    print(fmt_row(["full eval ms (engine)", cell(L, "engine", "full_eval_seconds", "{:.0f}") if L is None else
-                   f"{L['engine']['full_eval_seconds'] * 1e3:.0f}", "",
-                   "-" if P is None else f"{P['engine']['full_eval_seconds'] * 1e3:.0f}", ""], w))
-    for r in (L, P):
-        if r is not None:
+    line("client updates / s", lambda r, s: f"{r[s]['updates_per_second']:.1f}")
+    line("server steps / s", lambda r, s: f"{r[s]['server_steps_per_second']:.1f}")
+    line("local-train GFLOP/s", lambda r, s: f"{r[s]['gflops']:.2f}")
+    line("  fraction of matmul peak", lambda r, s: f"{r[s]['gflops'] / peak:.1%}")
+    line("  paired with matmul (median)", lambda r, s: f"{r[s]['paired_fraction_of_matmul']:.1%}"
+         if s == "engine" else None)
+    line("timed steps / seconds", lambda r, s: f"{r[s]['timed_steps']} / {r[s]['run_seconds']:.2f}")
+    line("best chunk updates / s", lambda r, s: f"{r[s]['best_chunk_updates_per_second']:.1f}" if s == "engine" else None)
+    line("compile s", lambda r, s: f"{r[s]['compile_seconds']:.1f}" if s == "engine" else None)
+    line("full evaluation ms", lambda r, s: f"{r[s]['full_eval_seconds'] * 1e3:.0f}" if s == "engine" else None)
+    line("no-op loop updates / s", lambda r, s: f"{r['baseline_noop']['updates_per_second']:.0f}"
+         if s == "baseline" else None)
+    line("engine / loop (updates/s)", lambda r, s: f"{r['speedup_updates_per_second']:.2f}x" if s == "engine" else None)
+    line("same model after chunk 1", lambda r, s: (f"{'yes' if r['check']['match'] else 'NO'} "
+                                                   f"({r['check']['max_abs_diff']:.0e})") if s == "engine" else None)
+    for m in ("logreg", "mlp"):
+        if m in by:
+            r = by[m]
             iso = r["isolated_local"]
-            print(f"  {r['model']}: d={r['num_params']}, {r['flops_per_job'] / 1e6:.2f} MFLOP/job; isolated "
-                  f"jit(vmap(local)) x{iso['width']}: {iso['best_seconds'] * 1e3:.2f} ms = {iso['gflops']:.2f} GFLOP/s "
-                  f"({iso['gflops'] / peak:.0%} of peak); engine/baseline same model after {r['check']['steps']} "
-                  f"steps: {'yes' if r['check']['match'] else 'NO'} (max diff {r['check']['max_abs_diff']:.1e})"
-                  if r["check"] else "")
-    print("-" * 100)
+            print(f"  {m}: d={r['num_params']}, {r['flops_per_job'] / 1e6:.2f} MFLOP/job; isolated jit(vmap(local)) of "
+                  f"{iso['width']} jobs: {iso['best_seconds'] * 1e3:.2f} ms = {iso['gflops']:.2f} GFLOP/s "
+                  f"({iso['gflops'] / peak:.0%} of peak)")
+    print("-" * 104)
     print("targets")
     for t in res["targets"]:
-        print(f"  {t['name']:<58} measured {t['measured']:8.3f}   target >= {t['target']:<6}  {t['status']}")
-    print("-" * 100)
-    s = res["schedules"]
-    print(f"schedule sampling: all_active n=100k T=1M: {s['all_active_n100k_T1M_seconds']:.2f} s   |   concurrent "
-          f"n=100k Mc=1000 M=100 immediate T=10k (1M arrivals): {s['concurrent_n100k_Mc1000_M100_T10k_seconds']:.2f} s")
-    print("=" * 100)
+        print(f"  {t['name']:<56} measured {t['measured']:7.3f}  target >= {t['target']:<5}  {t['status']}")
+        if "note" in t:
+            print(f"    {t['note']}")
+    print("-" * 104)
+    sc = res["schedules"]
+    print(f"schedule sampling (1M arrivals each): all_active n=100k T=1M: {sc['all_active_n100k_T1M_seconds']:.2f} s | "
+          f"concurrent n=100k Mc=1000 M=100 immediate T=10k: {sc['concurrent_n100k_Mc1000_M100_T10k_seconds']:.2f} s")
+    print(bar)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller step counts (about a minute)")
     p.add_argument("--steps", type=int, default=None,
-                   help="engine server steps per model (rounded up to whole chunks; chunk = baseline steps)")
+                   help="engine server steps per model (rounded up to whole chunks; a chunk = the baseline's steps)")
     p.add_argument("--out", default=None, help="write the results as JSON to this file")
     p.add_argument("--models", default="logreg,mlp", help="comma-separated subset of logreg,mlp")
     p.add_argument("--skip-schedules", action="store_true", help="skip the schedule-sampling timings")
@@ -464,15 +511,21 @@ def main(argv=None) -> int:
 
     plan = QUICK if args.quick else FULL
     models = [m.strip() for m in args.models.split(",") if m.strip()]
+    for m in models:
+        if m not in plan:
+            p.error(f"unknown model {m!r}; choose from {sorted(plan)}")
+    if args.steps is not None and args.steps < 1:
+        p.error("--steps must be >= 1")
     env = {"jax": jax.__version__, "backend": jax.default_backend(), "device": str(jax.devices()[0]),
            "cpu_count": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine()}
     log(f"jax {env['jax']} ({env['backend']}: {env['device']}), {env['cpu_count']} CPUs")
     t_start = time.perf_counter()
+    sizes, repeats = [512, 1024, 2048], (3 if args.quick else 6)
 
     log("1. matmul peak")
-    mm = matmul_peak([512, 1024, 2048], repeats=3 if args.quick else 6)
-    peak = mm["peak_gflops"]
+    mm = matmul_peak(sizes, repeats)
 
+    probe = make_matmul_probe()
     log("2. FedBuff on Fashion-MNIST")
     ds, data_note = load_data()
     parts = partition("iid", ds.train_y, NUM_CLIENTS, SEED)
@@ -480,25 +533,35 @@ def main(argv=None) -> int:
     for name in models:
         chunk_len, chunks = plan[name]
         if args.steps is not None:
-            chunks = max(1, -(-args.steps // chunk_len))
-            if args.steps < chunk_len:
-                chunk_len, chunks = args.steps, 1
-        results.append(run_model(name, ds, parts, chunk_len, chunks, baseline_steps=chunk_len))
+            if args.steps < 2 * chunk_len:  # too few steps for a warm-up chunk + a timed one: two chunks of half
+                chunk_len, chunks = max(1, args.steps // 2), 2
+            else:
+                chunks = -(-args.steps // chunk_len)
+        results.append(run_model(name, ds, parts, chunk_len, chunks, baseline_steps=chunk_len, probe=probe))
+
+    log("1'. matmul peak again (the machine may be noisy; the peak is the best of both)")
+    mm_end = matmul_peak(sizes, repeats)
+    mm = {"sizes": mm["sizes"], "sizes_end": mm_end["sizes"],
+          "peak_gflops": max(mm["peak_gflops"], mm_end["peak_gflops"])}
+    peak = mm["peak_gflops"]
 
     targets = []
     by = {r["model"]: r for r in results}
-    if "logreg" in by:
-        v = by["logreg"]["speedup_updates_per_second"]
-        targets.append({"name": "logreg: engine / per-event loop (client updates per second)", "measured": v,
-                        "target": TARGET_SPEEDUP_LOGREG, "status": "PASS" if v >= TARGET_SPEEDUP_LOGREG else "MISS"})
-    if "mlp" in by:
-        v = by["mlp"]["engine"]["gflops"] / peak
-        targets.append({"name": "mlp: engine local-training GFLOP/s / matmul peak", "measured": v,
-                        "target": TARGET_PEAK_FRACTION_MLP,
-                        "status": "PASS" if v >= TARGET_PEAK_FRACTION_MLP else "MISS"})
-        by["mlp"]["engine_fraction_of_peak"] = v
     for r in results:
         r["engine_fraction_of_peak"] = r["engine"]["gflops"] / peak
+    if "logreg" in by:
+        v = by["logreg"]["speedup_updates_per_second"]
+        targets.append({"name": "logreg: engine / per-event loop, client updates per s", "measured": v,
+                        "target": TARGET_SPEEDUP_LOGREG, "status": "PASS" if v >= TARGET_SPEEDUP_LOGREG else "MISS"})
+    if "mlp" in by:
+        v = by["mlp"]["engine_fraction_of_peak"]
+        t = {"name": "mlp: engine local-training GFLOP/s / matmul peak", "measured": v,
+             "target": TARGET_PEAK_FRACTION_MLP, "status": "PASS" if v >= TARGET_PEAK_FRACTION_MLP else "MISS"}
+        paired = by["mlp"]["engine"].get("paired_fraction_of_matmul")
+        if paired is not None:
+            t["note"] = (f"(per chunk vs the matmul rate measured right after it, median: {paired:.3f} -> "
+                         f"{'PASS' if paired >= TARGET_PEAK_FRACTION_MLP else 'MISS'}; informational)")
+        targets.append(t)
 
     sched = {"all_active_n100k_T1M_seconds": math.nan, "concurrent_n100k_Mc1000_M100_T10k_seconds": math.nan}
     if not args.skip_schedules:

@@ -85,6 +85,26 @@ def model_of(state: Any) -> jax.Array:
     return state.x
 
 
+def model_only_algorithm(
+    name: str,
+    server: Callable[[Any, Any, ServerMeta, HParams], Any],
+    hyperparams: Mapping[str, float],
+    client: Callable[[jax.Array, jax.Array, Any, HParams], tuple[Any, Any]] = send_result,
+    options: Mapping[str, Any] | None = None,
+) -> Algorithm:
+    """An :class:`Algorithm` whose server state is only the global model and whose clients keep no memory."""
+    return Algorithm(
+        name=name,
+        init=init_model_only,
+        client=client,
+        server=server,
+        params=model_of,
+        init_clients=no_client_state,
+        hyperparams=dict(hyperparams),
+        options=dict(options or {}),
+    )
+
+
 def masked_weighted_sum(messages: jax.Array, weights: jax.Array) -> jax.Array:
     """``sum_i w_i m_i`` over the buffer axis (weights of padding entries must be 0)."""
     return jnp.tensordot(weights.astype(messages.dtype), messages, axes=1)

@@ -28,11 +28,8 @@ from asyncfl_jax.algorithms.base import (
     HParams,
     ServerMeta,
     ServerState,
-    init_model_only,
     masked_weighted_sum,
-    model_of,
-    no_client_state,
-    send_result,
+    model_only_algorithm,
 )
 
 NORMALIZATIONS = ("buffer", "weights", "none")
@@ -63,13 +60,9 @@ def fedbuff(staleness: str = "constant", normalization: str = "buffer") -> Algor
         v = masked_weighted_sum(deltas, w) / jnp.maximum(z, 1e-12)  # v_t = (1/Z) sum w_i Delta_i
         return ServerState(x=state.x + hp["server_lr"] * v)  # x_{t+1} = x_t + eta_g v_t
 
-    return Algorithm(
-        name="fedbuff",
-        init=init_model_only,
-        client=send_result,
-        server=server,
-        params=model_of,
-        init_clients=no_client_state,
+    return model_only_algorithm(
+        "fedbuff",
+        server,
         hyperparams={"server_lr": 1.0, **staleness_lib.STALENESS_HPARAMS[staleness]},
         options={"staleness": staleness, "normalization": normalization},
     )
@@ -87,15 +80,7 @@ def fedavg() -> Algorithm:
         mean_delta = masked_weighted_sum(deltas, w) / jnp.maximum(jnp.sum(w), 1.0)
         return ServerState(x=state.x + hp["server_lr"] * mean_delta)
 
-    return Algorithm(
-        name="fedavg",
-        init=init_model_only,
-        client=send_result,
-        server=server,
-        params=model_of,
-        init_clients=no_client_state,
-        hyperparams={"server_lr": 1.0},
-    )
+    return model_only_algorithm("fedavg", server, hyperparams={"server_lr": 1.0})
 
 
 def asgd() -> Algorithm:
@@ -109,12 +94,4 @@ def asgd() -> Algorithm:
         total = masked_weighted_sum(deltas, meta.mask.astype(deltas.dtype))
         return ServerState(x=state.x + hp["server_lr"] * total)
 
-    return Algorithm(
-        name="asgd",
-        init=init_model_only,
-        client=send_result,
-        server=server,
-        params=model_of,
-        init_clients=no_client_state,
-        hyperparams={"server_lr": 1.0},
-    )
+    return model_only_algorithm("asgd", server, hyperparams={"server_lr": 1.0})

@@ -20,9 +20,7 @@ from asyncfl_jax.algorithms.base import (
     HParams,
     ServerMeta,
     ServerState,
-    init_model_only,
-    model_of,
-    no_client_state,
+    model_only_algorithm,
 )
 
 
@@ -49,13 +47,10 @@ def fedasync(staleness: str = "constant") -> Algorithm:
         x, _ = jax.lax.scan(mix, state.x, (alphas.astype(state.x.dtype), local_models))
         return ServerState(x=x)
 
-    return Algorithm(
-        name="fedasync",
-        init=init_model_only,
-        client=upload_local_model,
-        server=server,
-        params=model_of,
-        init_clients=no_client_state,
+    return model_only_algorithm(
+        "fedasync",
+        server,
         hyperparams={"alpha": 0.5, **staleness_lib.STALENESS_HPARAMS[staleness]},
+        client=upload_local_model,
         options={"staleness": staleness},
     )

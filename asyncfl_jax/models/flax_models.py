@@ -6,7 +6,6 @@ from typing import Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 
 class LogisticRegression(nn.Module):
