@@ -13,7 +13,7 @@ The same experiment is a few calls::
                            seeds=[0, 1], hparams={"client_lr": [0.02, 0.05]})
 
 and the pieces are pure functions: :func:`make_simulation` returns the whole run as one function of (schedule
-arrays, hyper-parameters, key) that can be ``jax.jit``-ed and ``jax.vmap``-ed, and every algorithm is an
+arrays, hyper-parameters, key, task arrays) that can be ``jax.jit``-ed and ``jax.vmap``-ed, and every algorithm is an
 :class:`Algorithm` of pure ``init`` / ``client`` / ``server`` functions.
 """
 
@@ -30,7 +30,7 @@ from asyncfl_jax.engine import (
 )
 from asyncfl_jax.models import Model, make_model, model_from_apply
 from asyncfl_jax.results import History, plot_accuracy, write_results
-from asyncfl_jax.task import Task, make_task
+from asyncfl_jax.task import Task, TaskArrays, make_task, task_arrays
 from asyncfl_jax.timing import DelayModel, Schedule, make_schedule, schedule_summary
 
 __version__ = "0.1.0"
@@ -46,6 +46,7 @@ __all__ = [
     "ServerMeta",
     "SimulationOutput",
     "Task",
+    "TaskArrays",
     "algorithms",
     "asgd",
     "data",
@@ -64,6 +65,7 @@ __all__ = [
     "schedule_arrays",
     "schedule_summary",
     "simulate",
+    "task_arrays",
     "timing",
     "write_results",
 ]

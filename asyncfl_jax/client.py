@@ -34,7 +34,7 @@ from asyncfl_jax.data.client_data import ClientData
 from asyncfl_jax.models.core import Model, cross_entropy_loss
 
 HParams = Mapping[str, jax.Array]
-LocalFn = Callable[[jax.Array, jax.Array, jax.Array, HParams], jax.Array]
+LocalFn = Callable[[jax.Array, jax.Array, jax.Array, HParams, ClientData], jax.Array]
 
 LOCAL_HPARAMS = {"client_lr": 0.05, "momentum": 0.0, "weight_decay": 0.0, "prox_mu": 0.0}
 """Local-training hyper-parameters (sweepable) and their defaults."""
@@ -81,29 +81,37 @@ def _batch_loss(model: Model, flat: jax.Array, x: jax.Array, y: jax.Array, w: ja
     return cross_entropy_loss(model.flat_apply(flat, x), y, w)
 
 
-def _shuffled_order(key: jax.Array, count: jax.Array, size: int) -> jax.Array:
-    """A random permutation of ``0..count-1`` in the first ``count`` entries of a length-``size`` array."""
+def _shuffled_order(key: jax.Array, count: jax.Array, size: int, needed: int) -> jax.Array:
+    """The first ``min(needed, size)`` entries of a random order of the client's ``count`` examples.
+
+    When ``needed >= count`` the first ``count`` entries are a random permutation of ``0..count-1`` (padding comes
+    after them); otherwise they are ``needed`` distinct random examples. ``top_k`` of random scores does this without
+    a full sort (sorting is slow on XLA:CPU).
+    """
     scores = jax.random.uniform(key, (size,))
-    scores = jnp.where(jnp.arange(size) < count, scores, 2.0)  # padding sorts last
-    return jnp.argsort(scores)
+    scores = jnp.where(jnp.arange(size) < count, scores, -1.0)  # padding comes last
+    return jax.lax.top_k(scores, min(needed, size))[1]
 
 
-def make_local_update(model: Model, data: ClientData, config: LocalConfig, output: str = "delta") -> LocalFn:
-    """Returns ``local(x, client, key, hp) -> result`` (a flat vector of length d).
+def make_local_update(model: Model, config: LocalConfig, output: str = "delta") -> LocalFn:
+    """Returns ``local(x, client, key, hp, data) -> result`` (a flat vector of length d).
+
+    ``data`` (every client's :class:`ClientData`) is an argument rather than a constant of the function, so the
+    compiled program does not embed the dataset (which makes compiling slow).
 
     Args:
       model: the model (its ``flat_apply`` is used).
-      data: every client's data.
       config: static local-training settings.
       output: ``"delta"`` for ``y_K - x`` or ``"gradient"`` for one minibatch gradient at ``x``.
     """
     config.validate()
     if output not in ("delta", "gradient"):
         raise ValueError(f"output must be 'delta' or 'gradient', got {output!r}")
-    size = data.max_size
     batch = config.batch_size
+    examples_needed = (1 if output == "gradient" else config.steps) * (batch or 0)
 
-    def minibatch(client: jax.Array, order: jax.Array, count: jax.Array, k: jax.Array):
+    def minibatch(data: ClientData, client: jax.Array, order: jax.Array, count: jax.Array, k: jax.Array):
+        size = data.max_size
         if batch is None:  # full batch: every example, padding masked out
             rows = data.indices[client]
             weights = (jnp.arange(size) < count).astype(jnp.float32)
@@ -114,13 +122,13 @@ def make_local_update(model: Model, data: ClientData, config: LocalConfig, outpu
         weights = (jnp.arange(batch) < count).astype(jnp.float32)
         return data.features[rows], data.labels[rows], weights
 
-    def local(x: jax.Array, client: jax.Array, key: jax.Array, hp: HParams) -> jax.Array:
+    def local(x: jax.Array, client: jax.Array, key: jax.Array, hp: HParams, data: ClientData) -> jax.Array:
         count = data.counts[client]
-        order = _shuffled_order(key, count, size) if batch is not None else None
+        order = _shuffled_order(key, count, data.max_size, examples_needed) if batch is not None else None
         grad_fn = jax.grad(lambda flat, xb, yb, wb: _batch_loss(model, flat, xb, yb, wb))
 
         if output == "gradient":
-            return grad_fn(x, *minibatch(client, order, count, jnp.int32(0)))
+            return grad_fn(x, *minibatch(data, client, order, count, jnp.int32(0)))
 
         if config.epochs is not None:
             steps_per_epoch = -(-count // batch)  # ceil(n_i / B): the last partial batch counts as a step
@@ -132,7 +140,7 @@ def make_local_update(model: Model, data: ClientData, config: LocalConfig, outpu
 
         def one_step(k, carry):
             y, opt_state = carry
-            g = grad_fn(y, *minibatch(client, order, count, k))
+            g = grad_fn(y, *minibatch(data, client, order, count, k))
             g = g + hp["prox_mu"] * (y - x)  # FedProx: grad of (mu/2)||y - x||^2
             updates, new_state = opt.update(g, opt_state, y)
             active = k < steps_i

@@ -34,7 +34,7 @@ import numpy as np
 from asyncfl_jax.algorithms.base import Algorithm, ServerMeta
 from asyncfl_jax.client import LOCAL_HPARAMS, LocalConfig, make_local_update
 from asyncfl_jax.results import History
-from asyncfl_jax.task import Task, make_evaluator
+from asyncfl_jax.task import Task, TaskArrays, make_evaluator, task_arrays
 from asyncfl_jax.timing.schedule import Schedule
 from asyncfl_jax.timing.stats import schedule_summary
 
@@ -179,29 +179,30 @@ def stack_hparams(replicas: Sequence[Replica]) -> dict[str, jax.Array]:
 class Program:
     """The pure pieces of one experiment (one task, algorithm and local-training setting), not yet vmapped.
 
-    ``init(sched, hp, key) -> Carry`` (``sched``: :class:`ScheduleArrays`); ``chunk(carry, steps, hp, key) ->
-    (Carry, metrics)`` (``steps``: :class:`StepArrays` of the chunk's steps); ``evaluate(flat) -> metrics``. None of
-    them has a replica axis.
+    ``init(sched, hp, key, data) -> Carry`` (``sched``: :class:`ScheduleArrays`); ``chunk(carry, steps, hp, key,
+    data) -> (Carry, metrics)`` (``steps``: :class:`StepArrays` of the chunk's steps); ``evaluate(flat, data) ->
+    metrics``. ``data`` is the task's :class:`TaskArrays`, an argument so that compiled programs do not embed the
+    dataset. None of them has a replica axis.
     """
 
     init: Callable[..., Carry]
     chunk: Callable[..., tuple[Carry, dict[str, jax.Array]]]
-    evaluate: Callable[[jax.Array], dict[str, jax.Array]]
+    evaluate: Callable[[jax.Array, TaskArrays], dict[str, jax.Array]]
     num_slots: int
 
 
 def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slots: int) -> Program:
     """Builds the per-replica ``init`` and ``chunk`` functions (pure; vmappable over replicas)."""
     n = task.num_clients
-    x0 = task.model.flat_params
-    local_fn = make_local_update(task.model, task.train, local, output=algorithm.local_output)
-    evaluate = make_evaluator(task)
+    local_fn = make_local_update(task.model, local, output=algorithm.local_output)
+    evaluate = make_evaluator(task.model)
 
-    def run_jobs(x: jax.Array, clients: jax.Array, slots: jax.Array, keys: jax.Array, carry: Carry, hp) -> Carry:
+    def run_jobs(x: jax.Array, clients: jax.Array, slots: jax.Array, keys: jax.Array, carry: Carry, hp,
+                 data: TaskArrays) -> Carry:
         """Trains the jobs ``clients`` (-1 = none) from ``x`` and stores their messages in ``slots``."""
         valid = clients >= 0
         safe = jnp.where(valid, clients, 0)
-        results = jax.vmap(local_fn, in_axes=(None, 0, 0, None))(x, safe, keys, hp)
+        results = jax.vmap(local_fn, in_axes=(None, 0, 0, None, None))(x, safe, keys, hp, data.train)
         rows = jax.tree_util.tree_map(lambda c: c[safe], carry.clients)
         messages, rows = jax.vmap(algorithm.client, in_axes=(None, 0, 0, None))(x, results, rows, hp)
         slot_idx = jnp.where(valid, slots, num_slots)  # out of range -> dropped
@@ -214,7 +215,8 @@ def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slot
         base = jax.random.fold_in(key, step_plus_one)
         return jax.vmap(lambda j: jax.random.fold_in(base, j))(jnp.arange(offset, offset + width))
 
-    def init(sched: ScheduleArrays, hp, key: jax.Array) -> Carry:
+    def init(sched: ScheduleArrays, hp, key: jax.Array, data: TaskArrays) -> Carry:
+        x0 = data.x0
         server = algorithm.init(x0, n)
         clients = algorithm.init_clients(x0, n)
         message_shape = jax.eval_shape(
@@ -226,13 +228,13 @@ def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slot
         for start in range(0, d0, INIT_BATCH):  # initial jobs, all from x_0, in bounded groups
             stop = min(start + INIT_BATCH, d0)
             keys = job_keys(key, jnp.int32(0), stop - start, offset=start)
-            carry = run_jobs(x0, sched.init_clients[start:stop], sched.init_slots[start:stop], keys, carry, hp)
+            carry = run_jobs(x0, sched.init_clients[start:stop], sched.init_slots[start:stop], keys, carry, hp, data)
         return carry
 
-    def step(carry: Carry, s: StepArrays, hp, key: jax.Array) -> Carry:
+    def step(carry: Carry, s: StepArrays, hp, key: jax.Array, data: TaskArrays) -> Carry:
         x_t = algorithm.params(carry.server)
         keys = job_keys(key, s.step + 1, s.dispatch_clients.shape[0])
-        carry = run_jobs(x_t, s.dispatch_clients, s.dispatch_slots, keys, carry, hp)  # 1. dispatch
+        carry = run_jobs(x_t, s.dispatch_clients, s.dispatch_slots, keys, carry, hp, data)  # 1. dispatch
         mask = s.arrival_clients >= 0
         read = jnp.where(mask, s.arrival_slots, 0)
         messages = jax.tree_util.tree_map(lambda p: p[read], carry.pending)  # 2. arrivals
@@ -243,12 +245,12 @@ def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slot
         diverged_at = jnp.where((carry.diverged_at < 0) & ~finite, s.step, carry.diverged_at)
         return carry._replace(server=server, diverged_at=diverged_at)
 
-    def chunk(carry: Carry, steps: StepArrays, hp, key: jax.Array):
+    def chunk(carry: Carry, steps: StepArrays, hp, key: jax.Array, data: TaskArrays):
         def body(c, s):
-            return step(c, s, hp, key), None
+            return step(c, s, hp, key, data), None
 
         carry, _ = jax.lax.scan(body, carry, steps)
-        return carry, evaluate(algorithm.params(carry.server))
+        return carry, evaluate(algorithm.params(carry.server), data)
 
     return Program(init=init, chunk=chunk, evaluate=evaluate, num_slots=num_slots)
 
@@ -260,11 +262,12 @@ def make_simulation(
     num_steps: int,
     num_slots: int,
     eval_every: int,
-) -> Callable[[ScheduleArrays, Mapping[str, jax.Array], jax.Array], SimulationOutput]:
-    """The whole simulation as one pure function ``run(schedule_arrays, hparams, key) -> SimulationOutput``.
+) -> Callable[[ScheduleArrays, Mapping[str, jax.Array], jax.Array, TaskArrays], SimulationOutput]:
+    """The whole simulation as one pure function ``run(schedule_arrays, hparams, key, data) -> SimulationOutput``.
 
-    ``run`` has no Python side effects: ``jax.jit(run)`` compiles it and ``jax.vmap(run, in_axes=(None, 0, 0))`` runs
-    it for a batch of hyper-parameters and keys. The model is evaluated after steps 0, E, 2E, ... and after the last
+    ``run`` has no Python side effects: ``jax.jit(run)`` compiles it and ``jax.vmap(run, in_axes=(None, 0, 0,
+    None))`` runs it for a batch of hyper-parameters and keys. ``data`` is ``task_arrays(task)`` (an argument, so the
+    compiled program does not embed the dataset). The model is evaluated after steps 0, E, 2E, ... and after the last
     step (``E = eval_every``). ``hparams`` must hold every name of :func:`default_hparams` as a scalar.
     """
     if not 1 <= eval_every:
@@ -272,21 +275,21 @@ def make_simulation(
     program = build_program(task, algorithm, local, num_slots)
     full, rest = divmod(num_steps, eval_every)
 
-    def run(sched: ScheduleArrays, hp: Mapping[str, jax.Array], key: jax.Array) -> SimulationOutput:
-        carry = program.init(sched, hp, key)
-        first = program.evaluate(algorithm.params(carry.server))
+    def run(sched: ScheduleArrays, hp: Mapping[str, jax.Array], key: jax.Array, data: TaskArrays) -> SimulationOutput:
+        carry = program.init(sched, hp, key, data)
+        first = program.evaluate(algorithm.params(carry.server), data)
         blocks = jax.tree_util.tree_map(
             lambda a: a[: full * eval_every].reshape(full, eval_every, *a.shape[1:]), sched.steps
         )
 
         def outer(c, block):
-            return program.chunk(c, block, hp, key)
+            return program.chunk(c, block, hp, key, data)
 
         carry, metrics = jax.lax.scan(outer, carry, blocks)
         metrics = {k: jnp.concatenate([first[k][None], v]) for k, v in metrics.items()}
         if rest:
             tail = jax.tree_util.tree_map(lambda a: a[full * eval_every:], sched.steps)
-            carry, last = program.chunk(carry, tail, hp, key)
+            carry, last = program.chunk(carry, tail, hp, key, data)
             metrics = {k: jnp.concatenate([v, last[k][None]]) for k, v in metrics.items()}
         return SimulationOutput(algorithm.params(carry.server), metrics, carry.diverged_at, carry)
 
@@ -351,14 +354,15 @@ def simulate(
     hp = stack_hparams(replicas)
     keys = jnp.stack([jax.random.PRNGKey(r.seed) for r in replicas])
 
-    init_fn = jax.jit(jax.vmap(program.init, in_axes=(sched_axis, 0, 0)))
-    chunk_fn = jax.jit(jax.vmap(program.chunk, in_axes=(0, sched_axis, 0, 0)), donate_argnums=(0,))
-    eval_fn = jax.jit(jax.vmap(program.evaluate))
+    data = task_arrays(task)
+    init_fn = jax.jit(jax.vmap(program.init, in_axes=(sched_axis, 0, 0, None)))
+    chunk_fn = jax.jit(jax.vmap(program.chunk, in_axes=(0, sched_axis, 0, 0, None)), donate_argnums=(0,))
+    eval_fn = jax.jit(jax.vmap(program.evaluate, in_axes=(0, None)))
 
     compile_seconds = 0.0
     t0 = time.perf_counter()
-    carry = init_fn(sched, hp, keys)
-    first = eval_fn(jax.vmap(algorithm.params)(carry.server))
+    carry = init_fn(sched, hp, keys, data)
+    first = eval_fn(jax.vmap(algorithm.params)(carry.server), data)
     jax.block_until_ready(first)
     compile_seconds += time.perf_counter() - t0
 
@@ -375,9 +379,9 @@ def simulate(
         part = _slice_steps(sched.steps, start, stop, replica_axis=sched_axis == 0)
         if stop - start not in compiled:
             tc = time.perf_counter()
-            compiled[stop - start] = chunk_fn.lower(carry, part, hp, keys).compile()
+            compiled[stop - start] = chunk_fn.lower(carry, part, hp, keys, data).compile()
             loop_compile_seconds += time.perf_counter() - tc
-        carry, out = compiled[stop - start](carry, part, hp, keys)
+        carry, out = compiled[stop - start](carry, part, hp, keys, data)
         eval_steps.append(stop)
         for k in METRIC_NAMES:
             metrics[k].append(np.asarray(out[k]))

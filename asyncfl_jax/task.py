@@ -72,11 +72,41 @@ def make_task(
     )
 
 
-def make_evaluator(task: Task, batch_size: int = 2000):
-    """Returns ``evaluate(flat_params) -> {"test_accuracy", "test_loss", "train_loss"}`` (pure, jittable).
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TaskArrays:
+    """The arrays of a task, passed to compiled functions as arguments (never embedded as constants).
 
-    The data are split into fixed batches (the last one padded and masked) so memory stays bounded for large test
-    sets.
+    Attributes:
+      train: every client's training data.
+      x0: the initial global model, flat [d].
+      test_x, test_y, train_eval_x, train_eval_y: evaluation data (see :class:`Task`).
+    """
+
+    train: ClientData
+    x0: jax.Array
+    test_x: jax.Array
+    test_y: jax.Array
+    train_eval_x: jax.Array
+    train_eval_y: jax.Array
+
+
+def task_arrays(task: Task) -> TaskArrays:
+    return TaskArrays(
+        train=task.train,
+        x0=task.model.flat_params,
+        test_x=task.test_x,
+        test_y=task.test_y,
+        train_eval_x=task.train_eval_x,
+        train_eval_y=task.train_eval_y,
+    )
+
+
+def make_evaluator(model: Model, batch_size: int = 2000):
+    """Returns ``evaluate(flat_params, arrays) -> {"test_accuracy", "test_loss", "train_loss"}`` (pure, jittable).
+
+    ``arrays`` is the task's :class:`TaskArrays`. The data are split into fixed batches (the last one padded and
+    masked) so memory stays bounded for large test sets.
     """
 
     def batched(x: jax.Array, y: jax.Array):
@@ -89,15 +119,12 @@ def make_evaluator(task: Task, batch_size: int = 2000):
         wp = (jnp.arange(nb * b) < n).astype(jnp.float32).reshape(nb, b)
         return xp, yp, wp, n
 
-    test = batched(task.test_x, task.test_y)
-    train = batched(task.train_eval_x, task.train_eval_y)
-
-    def sums(flat: jax.Array, data):
-        xp, yp, wp, n = data
+    def sums(flat: jax.Array, x: jax.Array, y: jax.Array):
+        xp, yp, wp, n = batched(x, y)
 
         def one(batch):
             xb, yb, wb = batch
-            logits = task.model.flat_apply(flat, xb)
+            logits = model.flat_apply(flat, xb)
             loss = cross_entropy_loss(logits, yb, wb) * jnp.sum(wb)
             correct = jnp.sum((jnp.argmax(logits, axis=-1) == yb) * wb)
             return loss, correct
@@ -105,9 +132,9 @@ def make_evaluator(task: Task, batch_size: int = 2000):
         losses, correct = jax.lax.map(one, (xp, yp, wp))
         return jnp.sum(losses) / n, jnp.sum(correct) / n
 
-    def evaluate(flat: jax.Array) -> dict[str, jax.Array]:
-        test_loss, test_acc = sums(flat, test)
-        train_loss, _ = sums(flat, train)
+    def evaluate(flat: jax.Array, arrays: TaskArrays) -> dict[str, jax.Array]:
+        test_loss, test_acc = sums(flat, arrays.test_x, arrays.test_y)
+        train_loss, _ = sums(flat, arrays.train_eval_x, arrays.train_eval_y)
         return {"test_accuracy": test_acc, "test_loss": test_loss, "train_loss": train_loss}
 
     return evaluate

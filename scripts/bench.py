@@ -58,7 +58,7 @@ from asyncfl_jax.data import load_fashion_mnist, partition
 from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.engine import build_program, make_replicas, schedule_arrays, stack_hparams
 from asyncfl_jax.models.core import make_model
-from asyncfl_jax.task import make_task
+from asyncfl_jax.task import make_task, task_arrays
 from asyncfl_jax.timing import DelayModel, make_schedule
 
 # The benchmark's fixed setting (from the issue).
@@ -162,8 +162,9 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, 
     keys = jnp.stack([jax.random.PRNGKey(r.seed) for r in hp_replicas])
 
     # Exactly simulate()'s jit/vmap setup for a schedule shared by all replicas.
-    init_fn = jax.jit(jax.vmap(program.init, in_axes=(None, 0, 0)))
-    chunk_fn = jax.jit(jax.vmap(program.chunk, in_axes=(0, None, 0, 0)), donate_argnums=(0,))
+    data = task_arrays(timed_task)
+    init_fn = jax.jit(jax.vmap(program.init, in_axes=(None, 0, 0, None)))
+    chunk_fn = jax.jit(jax.vmap(program.chunk, in_axes=(0, None, 0, 0, None)), donate_argnums=(0,))
 
     def part(c):
         return jax.tree_util.tree_map(lambda a: a[c * chunk_len:(c + 1) * chunk_len], sched.steps)
@@ -172,30 +173,30 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, 
     jax.block_until_ready(parts)
 
     t0 = time.perf_counter()
-    init_c = init_fn.lower(sched, hp, keys).compile()
+    init_c = init_fn.lower(sched, hp, keys, data).compile()
     compile_init = time.perf_counter() - t0
     t0 = time.perf_counter()
-    carry = init_c(sched, hp, keys)
+    carry = init_c(sched, hp, keys, data)
     jax.block_until_ready(carry)
     init_run = time.perf_counter() - t0
     t0 = time.perf_counter()
-    chunk_c = chunk_fn.lower(carry, parts[0], hp, keys).compile()
+    chunk_c = chunk_fn.lower(carry, parts[0], hp, keys, data).compile()
     compile_chunk = time.perf_counter() - t0
 
     # Chunk 0: warm-up (and the model after chunk_len steps, to check the baseline against).
     t0 = time.perf_counter()
-    carry, out = chunk_c(carry, parts[0], hp, keys)
+    carry, out = chunk_c(carry, parts[0], hp, keys, data)
     jax.block_until_ready((carry, out))
     first_chunk = time.perf_counter() - t0
     params_after_first = np.asarray(carry.server.x[0])
 
     timed = list(range(1, num_chunks)) or [0]
     if timed == [0]:  # a single chunk: time it (after warm-up there is nothing left; re-run from a fresh init)
-        carry = init_c(sched, hp, keys)
+        carry = init_c(sched, hp, keys, data)
     chunk_seconds, probes = [], []
     for c in timed:  # blocking after each chunk costs nothing measurable and gives per-chunk rates
         t0 = time.perf_counter()
-        carry, out = chunk_c(carry, parts[c], hp, keys)
+        carry, out = chunk_c(carry, parts[c], hp, keys, data)
         jax.block_until_ready((carry, out))
         chunk_seconds.append(time.perf_counter() - t0)
         if probe is not None:
@@ -255,19 +256,19 @@ def bench_baseline(task, algorithm, local, schedule, num_steps: int, hp_replica,
     dispatch of one jitted call per event), i.e. the fastest this baseline could be if training were free.
     """
     if noop:
-        def local_fn(x, client, key, hp):  # raw uint32[2] keys (PRNGKey)
+        def local_fn(x, client, key, hp, data):  # raw uint32[2] keys (PRNGKey)
             return x * 1e-3 + key[0].astype(x.dtype)
     else:
-        local_fn = make_local_update(task.model, task.train, local, output=algorithm.local_output)
+        local_fn = make_local_update(task.model, local, output=algorithm.local_output)
     hp = {k: jnp.float32(v) for k, v in hp_replica.hparams.items()}
     key = jax.random.PRNGKey(hp_replica.seed)
     x0 = task.model.flat_params
     M = schedule.buffer_width
 
     @jax.jit
-    def client_job(x, client, step_plus_one, j, hp):
+    def client_job(x, client, step_plus_one, j, hp, data):
         k = jax.random.fold_in(jax.random.fold_in(key, step_plus_one), j)  # the engine's key for this job
-        message, _ = algorithm.client(x, local_fn(x, client, k, hp), (), hp)
+        message, _ = algorithm.client(x, local_fn(x, client, k, hp, data), (), hp)
         return message
 
     @jax.jit
@@ -284,7 +285,7 @@ def bench_baseline(task, algorithm, local, schedule, num_steps: int, hp_replica,
     t0 = time.perf_counter()
     for j, (c, s) in enumerate(zip(schedule.init_clients.tolist(), schedule.init_slots.tolist())):
         if c >= 0:  # initial jobs (also compile client_job)
-            pending[s] = client_job(x0, c, 0, j, hp)
+            pending[s] = client_job(x0, c, 0, j, hp, task.train)
     # Compile the server step outside the timing (result discarded).
     jax.block_until_ready(server_step(state, (zero,) * M, schedule.arrival_clients[0], staleness[0], 0,
                                       np.float32(0), hp))
@@ -299,7 +300,7 @@ def bench_baseline(task, algorithm, local, schedule, num_steps: int, hp_replica,
         x = algorithm.params(state)
         for j, (c, s) in enumerate(zip(schedule.dispatch_clients[t].tolist(), schedule.dispatch_slots[t].tolist())):
             if c >= 0:  # 1. dispatch: train now from x_t, keep the message in the job's slot
-                pending[s] = client_job(x, c, t + 1, j, hp)
+                pending[s] = client_job(x, c, t + 1, j, hp, task.train)
                 jobs += 1
         msgs = []
         for c, s in zip(schedule.arrival_clients[t].tolist(), schedule.arrival_slots[t].tolist()):
@@ -331,18 +332,18 @@ def bench_baseline(task, algorithm, local, schedule, num_steps: int, hp_replica,
 # ---------------------------------------------------------------------------------------------------- breakdown
 def bench_isolated_local(task, local, flops_per_job: float, width: int, repeats: int = 5) -> dict[str, Any]:
     """One jit(vmap(local update)) call of ``width`` clients from x_0, in isolation (no scan, no pending buffer)."""
-    local_fn = make_local_update(task.model, task.train, local)
+    local_fn = make_local_update(task.model, local)
     hp = {k: jnp.float32(v) for k, v in {"client_lr": CLIENT_LR, "momentum": 0.0, "weight_decay": 0.0,
                                           "prox_mu": 0.0}.items()}
     x0 = task.model.flat_params
     clients = jnp.arange(width, dtype=jnp.int32)
     keys = jax.random.split(jax.random.PRNGKey(1), width)
-    f = jax.jit(jax.vmap(local_fn, in_axes=(None, 0, 0, None)))
-    jax.block_until_ready(f(x0, clients, keys, hp))
+    f = jax.jit(jax.vmap(local_fn, in_axes=(None, 0, 0, None, None)))
+    jax.block_until_ready(f(x0, clients, keys, hp, task.train))
     best = math.inf
     for _ in range(repeats):
         t0 = time.perf_counter()
-        jax.block_until_ready(f(x0, clients, keys, hp))
+        jax.block_until_ready(f(x0, clients, keys, hp, task.train))
         best = min(best, time.perf_counter() - t0)
     return {"width": width, "best_seconds": best, "jobs_per_second": width / best,
             "gflops": width * flops_per_job / best / 1e9}

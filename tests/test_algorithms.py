@@ -131,7 +131,7 @@ def test_epochs_give_each_client_its_own_step_count():
 def test_gradient_output_is_one_minibatch_gradient():
     from asyncfl_jax.client import make_local_update
 
-    grad_fn = make_local_update(TASK.model, TASK.train, LocalConfig(steps=1, batch_size=None), output="gradient")
+    grad_fn = make_local_update(TASK.model, LocalConfig(steps=1, batch_size=None), output="gradient")
     hp = {"client_lr": jnp.float32(LR), "momentum": 0.0, "weight_decay": 0.0, "prox_mu": 0.0}
-    g = grad_fn(TASK.model.flat_params, jnp.int32(2), jax.random.PRNGKey(0), hp)
+    g = grad_fn(TASK.model.flat_params, jnp.int32(2), jax.random.PRNGKey(0), hp, TASK.train)
     np.testing.assert_allclose(g, REF_MODEL.loss_grad(X0, *CLIENT_DATA[2]), rtol=1e-4, atol=1e-6)

@@ -20,6 +20,7 @@ from asyncfl_jax import (
     make_task,
     schedule_arrays,
     simulate,
+    task_arrays,
 )
 from asyncfl_jax.data import synthetic_leaf
 from asyncfl_jax.engine import default_hparams, make_replicas
@@ -116,14 +117,14 @@ def test_unknown_hyperparameter_suggests_the_closest_name():
 
 def test_functional_api_jit_and_vmap_over_user_hyperparameters(task, schedule):
     """A user jits and vmaps the pure simulation over their own learning rates and keys, with no package helpers
-    beyond make_simulation and schedule_arrays, and gets what simulate() reports."""
+    beyond make_simulation, schedule_arrays and task_arrays, and gets what simulate() reports."""
     run = make_simulation(task, fedbuff(), LOCAL, num_steps=schedule.num_steps, num_slots=schedule.num_slots,
                           eval_every=10)
     lrs = jnp.array([0.02, 0.1, 0.3])
     defaults = default_hparams(fedbuff())
     hp = {k: jnp.full((3,), v, jnp.float32) for k, v in defaults.items()} | {"client_lr": lrs}
     keys = jnp.stack([jax.random.PRNGKey(7)] * 3)
-    out = jax.jit(jax.vmap(run, in_axes=(None, 0, 0)))(schedule_arrays(schedule), hp, keys)
+    out = jax.jit(jax.vmap(run, in_axes=(None, 0, 0, None)))(schedule_arrays(schedule), hp, keys, task_arrays(task))
     assert out.params.shape == (3, task.num_params)
     assert out.metrics["test_accuracy"].shape == (3, 5)  # after steps 0, 10, 20, 30, 40
     for i, lr in enumerate([0.02, 0.1, 0.3]):
