@@ -130,25 +130,22 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta") 
         if output == "gradient":
             return grad_fn(x, *minibatch(data, client, order, count, jnp.int32(0)))
 
-        if config.epochs is not None:
-            steps_per_epoch = -(-count // batch)  # ceil(n_i / B): the last partial batch counts as a step
-            steps_i = jnp.ceil(config.epochs * steps_per_epoch).astype(jnp.int32)
-            steps_i = jnp.clip(steps_i, 1, config.steps)
-        else:
-            steps_i = jnp.int32(config.steps)
         opt = client_optimizer(hp, config.use_momentum)
 
         def one_step(k, carry):
             y, opt_state = carry
             g = grad_fn(y, *minibatch(data, client, order, count, k))
             g = g + hp["prox_mu"] * (y - x)  # FedProx: grad of (mu/2)||y - x||^2
-            updates, new_state = opt.update(g, opt_state, y)
-            active = k < steps_i
-            y = jnp.where(active, y + updates, y)
-            opt_state = jax.tree_util.tree_map(lambda n, o: jnp.where(active, n, o), new_state, opt_state)
-            return y, opt_state
+            updates, opt_state = opt.update(g, opt_state, y)
+            return y + updates, opt_state
 
-        y, _ = jax.lax.fori_loop(0, config.steps, one_step, (x, opt.init(x)))
+        def masked_step(k, carry):  # per-client step count: the static maximum runs, surplus steps are masked
+            steps_per_epoch = -(-count // batch)  # ceil(n_i / B): the last partial batch counts as a step
+            steps_i = jnp.clip(jnp.ceil(config.epochs * steps_per_epoch).astype(jnp.int32), 1, config.steps)
+            return jax.tree_util.tree_map(lambda n, o: jnp.where(k < steps_i, n, o), one_step(k, carry), carry)
+
+        body = one_step if config.epochs is None else masked_step
+        y, _ = jax.lax.fori_loop(0, config.steps, body, (x, opt.init(x)))
         return y - x
 
     return local

@@ -78,7 +78,11 @@ TARGET_PEAK_FRACTION_MLP = 0.5  # engine local training >= 50% of the measured m
 # Step counts per model: (engine chunk length, engine chunks (the first is warm-up), baseline steps).
 FULL = {"logreg": (300, 8, 300), "mlp": (30, 11, 60)}
 QUICK = {"logreg": (100, 4, 100), "mlp": (20, 3, 20)}
-CHECK_RTOL = 1e-3  # engine vs baseline after the first chunk: max |diff| <= CHECK_RTOL * max(max |x|, 1)
+# Engine vs baseline after the first chunk: max |diff| <= CHECK_RTOL * max(max |x|, 1). The two differ only by float32
+# rounding (vmapped vs single-job reductions), ~1e-8 after one step; for the ReLU MLP a rounding difference that moves
+# a pre-activation across 0 changes that step's gradient discontinuously, so the gap grows to ~1e-5 after 5 steps
+# and ~1.5e-3 after 20-30 (measured); training different clients or keys would differ by O(max |x|).
+CHECK_RTOL = 1e-2
 
 
 def log(msg: str) -> None:
@@ -209,15 +213,17 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, 
     computed_jobs = len(steps) * schedule.dispatch_width  # the vmap also trains padded (-1) entries
 
     # One full evaluation (what eval_every costs), measured on its own.
-    eval_fn = jax.jit(jax.vmap(build_program(task, algorithm, local, schedule.num_slots).evaluate))
+    eval_fn = jax.jit(jax.vmap(build_program(task, algorithm, local, schedule.num_slots).evaluate,
+                               in_axes=(0, None)))
     xs = carry.server.x
-    jax.block_until_ready(eval_fn(xs))
+    full_data = task_arrays(task)
+    jax.block_until_ready(eval_fn(xs, full_data))
     best_eval = math.inf
     for _ in range(3):
         t0 = time.perf_counter()
-        jax.block_until_ready(eval_fn(xs))
+        jax.block_until_ready(eval_fn(xs, full_data))
         best_eval = min(best_eval, time.perf_counter() - t0)
-    final_acc = float(eval_fn(xs)["test_accuracy"][0])
+    final_acc = float(eval_fn(xs, full_data)["test_accuracy"][0])
 
     return {
         "server_steps_total": T,
