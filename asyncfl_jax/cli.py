@@ -67,6 +67,9 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--noise", help="per-job noise: none | exponential | half_normal | lognormal | uniform")
     g.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2")
     g.add_argument("--eval-every", type=int, help="evaluate every this many server steps")
+    g.add_argument("--shard-jobs", action="store_true",
+                   help="spread each step's jobs over all JAX devices (on a CPU, one device per core needs "
+                        "XLA_FLAGS=--xla_force_host_platform_device_count=N in the environment)")
 
     sub.add_parser("algorithms", help="list the algorithms with their options and hyper-parameters")
     return parser
@@ -101,6 +104,8 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         except ValueError:
             raise ConfigError(f"invalid option --seeds = {args.seeds!r}: must be comma-separated integers") from None
     put("eval_every", args.eval_every)
+    if args.shard_jobs:
+        raw["shard_jobs"] = True
     if args.speed is not None:
         raw["delays"] = {"speed": args.speed, **{k: v for k, v in raw["delays"].items() if not k.startswith("speed")}}
     if args.noise is not None:

@@ -139,7 +139,8 @@ def default_runs() -> list[RunConfig]:
 
 @dataclasses.dataclass
 class ExperimentConfig:
-    """A whole experiment. ``eval_points``: number of evaluations per run (``eval_every`` overrides it, in steps)."""
+    """A whole experiment. ``eval_points``: number of evaluations per run (``eval_every`` overrides it, in steps).
+    ``shard_jobs``: spread each step's jobs over all JAX devices (see :func:`asyncfl_jax.engine.simulate`)."""
 
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -151,6 +152,7 @@ class ExperimentConfig:
     seeds: list[int] = dataclasses.field(default_factory=lambda: [0])
     eval_points: int = 30
     eval_every: int | None = None
+    shard_jobs: bool = False
     output: str = "runs/default"
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -348,6 +350,8 @@ def validate(cfg: ExperimentConfig) -> None:
     if len(set(cfg.seeds)) != len(cfg.seeds):
         _fail("seeds", cfg.seeds, "must not repeat a seed")
     _check_int("eval_points", cfg.eval_points, 1)
+    if not isinstance(cfg.shard_jobs, bool):
+        _fail("shard_jobs", cfg.shard_jobs, "must be true or false")
     if cfg.eval_every is not None:
         _check_int("eval_every", cfg.eval_every, 1)
     if not cfg.runs:

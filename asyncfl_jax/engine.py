@@ -191,8 +191,14 @@ class Program:
     num_slots: int
 
 
-def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slots: int) -> Program:
-    """Builds the per-replica ``init`` and ``chunk`` functions (pure; vmappable over replicas)."""
+def build_program(
+    task: Task, algorithm: Algorithm, local: LocalConfig, num_slots: int, job_sharding: Any = None
+) -> Program:
+    """Builds the per-replica ``init`` and ``chunk`` functions (pure; vmappable over replicas).
+
+    ``job_sharding`` (a ``jax.sharding.Sharding`` of a 1-D array, optional) spreads the jobs trained together at a
+    step over devices; everything else stays replicated. Results equal the unsharded program up to float rounding.
+    """
     n = task.num_clients
     local_fn = make_local_update(task.model, local, output=algorithm.local_output)
     evaluate = make_evaluator(task.model)
@@ -202,6 +208,9 @@ def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slot
         """Trains the jobs ``clients`` (-1 = none) from ``x`` and stores their messages in ``slots``."""
         valid = clients >= 0
         safe = jnp.where(valid, clients, 0)
+        if job_sharding is not None:
+            safe = jax.lax.with_sharding_constraint(safe, job_sharding)
+            keys = jax.lax.with_sharding_constraint(keys, job_sharding)
         results = jax.vmap(local_fn, in_axes=(None, 0, 0, None, None))(x, safe, keys, hp, data.train)
         rows = jax.tree_util.tree_map(lambda c: c[safe], carry.clients)
         messages, rows = jax.vmap(algorithm.client, in_axes=(None, 0, 0, None))(x, results, rows, hp)
@@ -307,6 +316,7 @@ def simulate(
     eval_every: int = 100,
     progress: bool = True,
     label: str | None = None,
+    shard_jobs: bool = False,
 ) -> History:
     """Runs an experiment (all replicas as one vmapped program) and returns its :class:`History`.
 
@@ -320,6 +330,9 @@ def simulate(
       eval_every: evaluate the global model every this many server steps (and at the end).
       progress: show a progress bar.
       label: name of the run in the History (default: the algorithm's name).
+      shard_jobs: spread the jobs trained together at each step over all devices (``jax.devices()``); on a CPU,
+        start Python with ``XLA_FLAGS=--xla_force_host_platform_device_count=<cores>`` to get one device per core.
+        Results equal the unsharded run up to float rounding.
     """
     local = local or LocalConfig()
     replicas = make_replicas(algorithm, seeds, hparams)
@@ -350,7 +363,7 @@ def simulate(
         sched, num_slots = stack_schedules(per_replica)
         sched_axis = 0
     T = per_replica[0].num_steps
-    program = build_program(task, algorithm, local, num_slots)
+    program = build_program(task, algorithm, local, num_slots, job_sharding=job_sharding() if shard_jobs else None)
     hp = stack_hparams(replicas)
     keys = jnp.stack([jax.random.PRNGKey(r.seed) for r in replicas])
 
@@ -427,6 +440,13 @@ def simulate(
         run_seconds=run_seconds,
         final_params=np.asarray(jax.vmap(algorithm.params)(carry.server)),
     )
+
+
+def job_sharding() -> Any:
+    """A sharding that splits a 1-D array of jobs over every device."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    return NamedSharding(Mesh(np.array(jax.devices()), ("jobs",)), PartitionSpec("jobs"))
 
 
 def _swept_description(replicas: Sequence[Replica], r: int) -> str:

@@ -104,6 +104,7 @@ def run_experiment(
         eval_every=cfg.eval_every_for(run),
         progress=progress,
         label=run.name,
+        shard_jobs=cfg.shard_jobs,
     )
 
 

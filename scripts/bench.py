@@ -33,6 +33,7 @@ Usage::
     python scripts/bench.py                 # full run (a few minutes on 2 CPU cores)
     python scripts/bench.py --quick         # about a minute
     python scripts/bench.py --steps 3000 --out results.json
+    python scripts/bench.py --one-device   # JAX's single CPU device (no sharding of the jobs over cores)
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ import sys
 import time
 from typing import Any
 
+# One XLA device per CPU core, so the engine can spread the jobs of a step over the cores (``--one-device`` keeps
+# JAX's default single CPU device). This must happen before JAX is imported.
+if "--one-device" not in sys.argv and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={os.cpu_count() or 1}").strip()
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,7 +63,7 @@ from asyncfl_jax.algorithms.base import ServerMeta
 from asyncfl_jax.client import LocalConfig, local_flops_per_job, make_local_update
 from asyncfl_jax.data import load_fashion_mnist, partition
 from asyncfl_jax.data.client_data import Dataset
-from asyncfl_jax.engine import build_program, make_replicas, schedule_arrays, stack_hparams
+from asyncfl_jax.engine import build_program, job_sharding, make_replicas, schedule_arrays, stack_hparams
 from asyncfl_jax.models.core import make_model
 from asyncfl_jax.task import make_task, task_arrays
 from asyncfl_jax.timing import DelayModel, make_schedule
@@ -160,7 +167,8 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, 
     # Evaluation made negligible for the timed run: 2-example evaluation sets (the training path is unchanged).
     timed_task = dataclasses.replace(task, test_x=task.test_x[:2], test_y=task.test_y[:2],
                                      train_eval_x=task.train_eval_x[:2], train_eval_y=task.train_eval_y[:2])
-    program = build_program(timed_task, algorithm, local, schedule.num_slots)
+    jobs = job_sharding() if jax.device_count() > 1 else None  # the jobs of a step spread over the devices
+    program = build_program(timed_task, algorithm, local, schedule.num_slots, job_sharding=jobs)
     sched = schedule_arrays(schedule)
     hp = stack_hparams(hp_replicas)
     keys = jnp.stack([jax.random.PRNGKey(r.seed) for r in hp_replicas])
@@ -455,7 +463,8 @@ def print_table(res: dict[str, Any]) -> None:
     print()
     print(bar)
     e = res["env"]
-    print(f"asyncfl_jax benchmark | jax {e['jax']} on {e['device']} ({e['cpu_count']} CPUs) | data: {res['data']} | "
+    print(f"asyncfl_jax benchmark | jax {e['jax']} on {e['num_devices']} x {e['device']} ({e['cpu_count']} CPUs; "
+          f"jobs of a step {'sharded over the devices' if e['jobs_sharded'] else 'on one device'}) | data: {res['data']} | "
           f"{'quick' if res['quick'] else 'full'} run")
     print(f"FedBuff: n={NUM_CLIENTS}, Mc={CONCURRENCY}, M={BUFFER}, refill={REFILL}, K={K}, B={B}, SGD lr {CLIENT_LR}, "
           "IID, seed 0")
@@ -528,6 +537,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="write the results as JSON to this file")
     p.add_argument("--models", default="logreg,mlp", help="comma-separated subset of logreg,mlp")
     p.add_argument("--skip-schedules", action="store_true", help="skip the schedule-sampling timings")
+    p.add_argument("--one-device", action="store_true",
+                   help="keep JAX's single CPU device (default: one device per core, jobs of a step spread over them)")
     args = p.parse_args(argv)
 
     plan = QUICK if args.quick else FULL
@@ -538,6 +549,7 @@ def main(argv=None) -> int:
     if args.steps is not None and args.steps < 1:
         p.error("--steps must be >= 1")
     env = {"jax": jax.__version__, "backend": jax.default_backend(), "device": str(jax.devices()[0]),
+           "num_devices": jax.device_count(), "jobs_sharded": jax.device_count() > 1,
            "cpu_count": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine()}
     log(f"jax {env['jax']} ({env['backend']}: {env['device']}), {env['cpu_count']} CPUs")
     t_start = time.perf_counter()
