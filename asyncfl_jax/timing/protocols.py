@@ -159,7 +159,39 @@ def _concurrent_event_loop(n: int, T: int, delays: DelayModel, seed: int, concur
     job_slot_append, job_client_append = job_slot.append, job_client.append
     job_row_append, job_time_append = job_row.append, job_time.append
     heappush, heappop, heapreplace = heapq.heappush, heapq.heappop, heapq.heapreplace
-    # NOTE: the two loops below share the dispatch code (inlined for speed); keep them in sync.
+
+    def dispatch(time: float) -> tuple[float, int, int]:
+        """Starts a job at ``time`` for a client drawn uniformly from the idle pool; returns its heap entry.
+
+        The draw is an O(1) swap-remove (``int(u * L) < L`` for doubles ``u < 1``); the job takes the most recently
+        freed slot, or a new one.
+        """
+        nonlocal uni, ui, num_slots
+        if ui == UB:
+            uni = choice_rng.random(UB).tolist()
+            ui = 0
+        size = len(pool)
+        i = int(uni[ui] * size)
+        ui += 1
+        c2 = pool[i]
+        last = pool.pop()
+        if i < size - 1:
+            pool[i] = last
+        if free:
+            job_slot_append(free.pop())
+        else:
+            job_slot_append(num_slots)
+            num_slots += 1
+        k = job_count[c2]
+        job_count[c2] = k + 1
+        lst = durs[c2]
+        if lst is None or k >= len(lst):
+            lst = extend(c2, k)
+        job_client_append(c2)
+        job_row_append(t)
+        job_time_append(time)
+        return time + lst[k], c2, len(job_client) + Mc - 1
+
     t = 0
     m = 0
     if refill == "immediate":
@@ -179,31 +211,7 @@ def _concurrent_event_loop(n: int, T: int, delays: DelayModel, seed: int, concur
                 pending.clear()
                 if t == T:
                     break
-            # Uniform choice among the idle clients with an O(1) swap-remove (int(u * L) < L for doubles u < 1).
-            if ui == UB:
-                uni = choice_rng.random(UB).tolist()
-                ui = 0
-            size = len(pool)
-            i = int(uni[ui] * size)
-            ui += 1
-            c2 = pool[i]
-            last = pool.pop()
-            if i < size - 1:
-                pool[i] = last
-            if free:
-                job_slot_append(free.pop())
-            else:
-                job_slot_append(num_slots)
-                num_slots += 1
-            k = job_count[c2]
-            job_count[c2] = k + 1
-            lst = durs[c2]
-            if lst is None or k >= len(lst):
-                lst = extend(c2, k)
-            job_client_append(c2)
-            job_row_append(t)
-            job_time_append(time)
-            heapreplace(heap, (time + lst[k], c2, len(job_client) + Mc - 1))
+            heapreplace(heap, dispatch(time))
     else:
         # Refill only at step boundaries, M clients at a time (sampled without replacement from the idle pool).
         while True:
@@ -223,30 +231,7 @@ def _concurrent_event_loop(n: int, T: int, delays: DelayModel, seed: int, concur
             if t == T:
                 break
             for _ in range(M):
-                if ui == UB:
-                    uni = choice_rng.random(UB).tolist()
-                    ui = 0
-                size = len(pool)
-                i = int(uni[ui] * size)
-                ui += 1
-                c2 = pool[i]
-                last = pool.pop()
-                if i < size - 1:
-                    pool[i] = last
-                if free:
-                    job_slot_append(free.pop())
-                else:
-                    job_slot_append(num_slots)
-                    num_slots += 1
-                k = job_count[c2]
-                job_count[c2] = k + 1
-                lst = durs[c2]
-                if lst is None or k >= len(lst):
-                    lst = extend(c2, k)
-                job_client_append(c2)
-                job_row_append(t)
-                job_time_append(time)
-                heappush(heap, (time + lst[k], c2, len(job_client) + Mc - 1))
+                heappush(heap, dispatch(time))
 
     all_client = np.concatenate([init, np.asarray(job_client, dtype=np.int64)])
     all_slot = np.asarray(job_slot, dtype=np.int64)
