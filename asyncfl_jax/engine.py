@@ -188,7 +188,6 @@ class Program:
     init: Callable[..., Carry]
     chunk: Callable[..., tuple[Carry, dict[str, jax.Array]]]
     evaluate: Callable[[jax.Array, TaskArrays], dict[str, jax.Array]]
-    num_slots: int
 
 
 def build_program(
@@ -261,7 +260,7 @@ def build_program(
         carry, _ = jax.lax.scan(body, carry, steps)
         return carry, evaluate(algorithm.params(carry.server), data)
 
-    return Program(init=init, chunk=chunk, evaluate=evaluate, num_slots=num_slots)
+    return Program(init=init, chunk=chunk, evaluate=evaluate)
 
 
 def make_simulation(

@@ -12,7 +12,6 @@ Each step is a public function so the same experiment is a few calls from Python
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import numpy as np
@@ -118,7 +117,3 @@ def run_config(cfg: ExperimentConfig, progress: bool = True, write: bool = True,
     if write:
         write_results(cfg.output, cfg.to_dict(), histories, plot=plot)
     return histories
-
-
-def output_files(cfg: ExperimentConfig) -> list[str]:
-    return [os.path.join(cfg.output, f) for f in ("config.json", "metrics.csv", "summary.json", "accuracy.png")]

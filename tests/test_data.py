@@ -433,3 +433,16 @@ def test_real_debian_fashion_mnist():
     np.testing.assert_array_equal(np.bincount(ds.train_y), [6000] * 10)
     np.testing.assert_array_equal(np.bincount(ds.test_y), [1000] * 10)
     assert 0.0 == ds.train_x.min() and ds.train_x.max() == 1.0
+
+
+def test_client_data_padded_view_matches_index_view():
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(30, 4)).astype(np.float32)
+    labels = rng.integers(0, 3, size=30).astype(np.int32)
+    parts = [np.array([0, 5, 7]), np.arange(10, 30), np.array([3])]
+    cd = ClientData.from_partition(features, labels, parts)
+    x, y, mask = cd.as_padded()
+    assert x.shape == (3, 20, 4) and mask.sum(axis=1).tolist() == [3, 20, 1]
+    for i, p in enumerate(parts):
+        np.testing.assert_array_equal(np.asarray(x[i])[: len(p)], features[p])
+        np.testing.assert_array_equal(np.asarray(y[i])[: len(p)], labels[p])
