@@ -94,9 +94,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     put("model.name", args.model)
     put("local.steps", args.local_steps)
     if args.batch_size is not None:
-        put("local.batch_size", args.batch_size if args.batch_size > 0 else None)
-        if args.batch_size <= 0:
-            raw["local"]["batch_size"] = None
+        raw["local"]["batch_size"] = args.batch_size if args.batch_size > 0 else None  # 0: full batch
     put("local.lr", args.lr)
     if args.seeds is not None:
         try:
