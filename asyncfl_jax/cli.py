@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (h.diverged_at >= 0).any():
             print(f"  {h.label:>12}: DIVERGED (NaN/inf) in replicas {list(map(int, (h.diverged_at >= 0).nonzero()[0]))}"
                   f" at server steps {[int(d) for d in h.diverged_at if d >= 0]}")
-    print(f"asyncfl: results in {cfg.output}/ (config.json, metrics.csv, summary.json"
+    print(f"asyncfl: results in {cfg.output}/ (config.json, metrics.csv, summary.json, schedules/"
           f"{'' if args.no_plot else ', accuracy.png'})")
     return 0
 

@@ -96,7 +96,11 @@ class ProtocolConfig:
 
 @dataclasses.dataclass
 class RunConfig:
-    """One algorithm run. Give its length as ``steps`` (server steps) or ``arrivals`` (client uploads)."""
+    """One algorithm run. Give its length as ``steps`` (server steps) or ``arrivals`` (client uploads).
+
+    ``schedule_files`` replays recorded schedules (``.npz`` files written by ``Schedule.save``, e.g. the
+    ``schedules/`` folder of an earlier run), one per seed in the order of ``seeds``; the protocol and delay model are
+    then not used, and without ``steps``/``arrivals`` the whole recorded schedule runs."""
 
     algorithm: str = "fedbuff"
     label: str | None = None
@@ -105,6 +109,7 @@ class RunConfig:
     protocol: ProtocolConfig = dataclasses.field(default_factory=ProtocolConfig)
     steps: int | None = None
     arrivals: int | None = None
+    schedule_files: list[str] | None = None
 
     @property
     def name(self) -> str:
@@ -183,10 +188,11 @@ class ExperimentConfig:
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
-    def eval_every_for(self, run: RunConfig) -> int:
+    def eval_every_for(self, num_steps: int) -> int:
+        """Evaluation interval (server steps) of a run of ``num_steps`` steps."""
         if self.eval_every is not None:
             return int(self.eval_every)
-        return max(1, math.ceil(run.num_steps(self.data.num_clients) / self.eval_points))
+        return max(1, math.ceil(num_steps / self.eval_points))
 
 
 _NESTED = {
@@ -401,6 +407,10 @@ def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
     if run.algorithm == "fedavg" and p.name != "synchronous":
         _fail(f"{prefix}.protocol.name", p.name, "fedavg is synchronous: use protocol 'synchronous'")
 
+    if run.schedule_files is not None:
+        _validate_schedule_files(prefix, run, cfg)
+        if run.steps is None and run.arrivals is None:
+            return
     if (run.steps is None) == (run.arrivals is None):
         _fail(f"{prefix}.steps/arrivals", (run.steps, run.arrivals), "give exactly one of steps or arrivals")
     if run.steps is not None:
@@ -409,3 +419,21 @@ def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
         _check_int(f"{prefix}.arrivals", run.arrivals, 1)
         if run.arrivals < p.arrivals_per_step(n):
             _fail(f"{prefix}.arrivals", run.arrivals, f"must be >= the arrivals of one step ({p.arrivals_per_step(n)})")
+
+
+def _validate_schedule_files(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
+    from asyncfl_jax.timing.schedule import Schedule
+
+    files = run.schedule_files
+    option = f"{prefix}.schedule_files"
+    if not isinstance(files, list) or len(files) != len(cfg.seeds) or not all(isinstance(f, str) for f in files):
+        _fail(option, files, f"must be a list of {len(cfg.seeds)} file name(s), one per seed {cfg.seeds}")
+    for path in files:
+        try:
+            schedule = Schedule.load(path)
+        except (OSError, ValueError, KeyError) as e:
+            _fail(option, path, f"cannot be read as a schedule: {e}")
+        if schedule.num_clients != cfg.data.num_clients:
+            _fail(option, path, f"has {schedule.num_clients} clients but data.num_clients is {cfg.data.num_clients}")
+        if run.steps is not None and run.steps > schedule.num_steps:
+            _fail(option, path, f"has {schedule.num_steps} server steps, fewer than {prefix}.steps = {run.steps}")

@@ -12,6 +12,7 @@ Each step is a public function so the same experiment is a few calls from Python
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
@@ -69,9 +70,15 @@ def build_task(cfg: ExperimentConfig) -> Task:
 
 
 def build_schedules(cfg: ExperimentConfig, run: RunConfig) -> list[Schedule]:
-    """One schedule per seed: the timing seed of replica seed ``s`` is ``s``."""
+    """One schedule per seed: the timing seed of replica seed ``s`` is ``s``; or the recorded ``schedule_files``."""
     p = run.protocol
     n = cfg.data.num_clients
+    if run.schedule_files is not None:
+        recorded = [Schedule.load(path) for path in run.schedule_files]
+        if run.steps is None and run.arrivals is None:
+            return recorded
+        steps = [run.steps if run.steps is not None else max(1, run.arrivals // s.buffer_width) for s in recorded]
+        return [s.truncate(min(k, s.num_steps)) for s, k in zip(recorded, steps)]
     options = {
         "all_active": {},
         "concurrent": {"concurrency": p.concurrency, "buffer_size": p.buffer_size, "refill": p.refill},
@@ -100,7 +107,7 @@ def run_experiment(
         local=local,
         seeds=cfg.seeds,
         hparams=hparams,
-        eval_every=cfg.eval_every_for(run),
+        eval_every=cfg.eval_every_for(schedules[0].num_steps),
         progress=progress,
         label=run.name,
         shard_jobs=cfg.shard_jobs,
@@ -113,7 +120,11 @@ def run_config(cfg: ExperimentConfig, progress: bool = True, write: bool = True,
     task = build_task(cfg)
     histories = []
     for run in cfg.runs:
-        histories.append(run_experiment(cfg, run, task, build_schedules(cfg, run), progress=progress))
+        schedules = build_schedules(cfg, run)
+        histories.append(run_experiment(cfg, run, task, schedules, progress=progress))
+        if write:  # the exact arrival schedules, so the run can be replayed (runs[i].schedule_files)
+            for seed, schedule in zip(cfg.seeds, schedules):
+                schedule.save(os.path.join(cfg.output, "schedules", f"{run.name}-seed{seed}.npz"))
     if write:
         write_results(cfg.output, cfg.to_dict(), histories, plot=plot)
     return histories

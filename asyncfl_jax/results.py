@@ -10,6 +10,8 @@ Results schema (one output folder per ``asyncfl run``):
 * ``summary.json``: per run: algorithm and options, replicas (seed and hyper-parameters), final and best accuracy,
   divergence step per replica (-1: none), staleness and participation statistics of the schedule, compile and run
   seconds.
+* ``schedules/<run>-seed<s>.npz``: the exact arrival schedule of each run and seed (``Schedule.load``; replay it with
+  ``runs[i].schedule_files``).
 * ``accuracy.png``: test accuracy against virtual time, server step and client uploads (mean over replicas, min-max
   band).
 
