@@ -18,7 +18,7 @@ arrays, hyper-parameters, key, task arrays) that can be ``jax.jit``-ed and ``jax
 """
 
 from asyncfl_jax import algorithms, data, timing
-from asyncfl_jax.algorithms import Algorithm, ServerMeta, asgd, fedasync, fedavg, fedbuff, get_algorithm
+from asyncfl_jax.algorithms import Algorithm, ServerMeta, asgd, ca2fl, fedasync, fedavg, fedbuff, get_algorithm
 from asyncfl_jax.client import LocalConfig, make_local_update
 from asyncfl_jax.engine import (
     ScheduleArrays,
@@ -49,6 +49,7 @@ __all__ = [
     "TaskArrays",
     "algorithms",
     "asgd",
+    "ca2fl",
     "data",
     "default_hparams",
     "fedasync",

@@ -49,7 +49,7 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr", type=float, help="client learning rate")
 
     g = run.add_argument_group("algorithm (replaces the default runs with a single run)")
-    g.add_argument("--algorithm", help="fedavg | fedbuff | fedasync | asgd")
+    g.add_argument("--algorithm", help="fedavg | fedbuff | fedasync | asgd | ca2fl")
     g.add_argument("--staleness", help="staleness function: constant | polynomial | hinge | inverse_sqrt")
     g.add_argument("--normalization", help="fedbuff normalization: buffer | weights | none")
     g.add_argument("--hparam", action="append", default=[], metavar="NAME=V[,V...]",

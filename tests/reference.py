@@ -115,3 +115,21 @@ def fedasync_step(alpha: float, staleness: str = "constant", a=0.0, b=0.0):
         return x
 
     return step
+
+
+class CA2FLReference:
+    """CA2FL's Algorithm 1 as printed: caches h_i (zeros), v = hbar + mean_{S}(Delta_i - h_i) with the values from
+    before the step, x += eta v, then h_i = Delta_i. For schedules where a client arrives at most once per step."""
+
+    def __init__(self, num_clients: int, dim: int, server_lr: float):
+        self.h = {i: np.zeros(dim) for i in range(num_clients)}
+        self.n, self.lr = num_clients, server_lr
+
+    def __call__(self, x, arrivals):
+        if not arrivals:
+            return x
+        hbar = sum(self.h.values()) / self.n
+        v = hbar + sum(delta - self.h[c] for c, _, delta, _ in arrivals) / len(arrivals)
+        for c, _, delta, _ in arrivals:
+            self.h[c] = delta
+        return x + self.lr * v

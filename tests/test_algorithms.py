@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 
 import reference as ref
-from asyncfl_jax.algorithms import asgd, fedasync, fedavg, fedbuff
+from asyncfl_jax.algorithms import asgd, ca2fl, fedasync, fedavg, fedbuff
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.data.client_data import Dataset
-from asyncfl_jax.engine import simulate
+from asyncfl_jax.algorithms import ServerMeta
+from asyncfl_jax.engine import default_hparams, make_simulation, schedule_arrays, simulate
+from asyncfl_jax.task import task_arrays
 from asyncfl_jax.models.core import model_from_apply
 from asyncfl_jax.task import make_task
 from asyncfl_jax.timing import DelayModel, make_schedule
@@ -135,3 +137,57 @@ def test_gradient_output_is_one_minibatch_gradient():
     hp = {"client_lr": jnp.float32(LR), "momentum": 0.0, "weight_decay": 0.0, "prox_mu": 0.0}
     g = grad_fn(TASK.model.flat_params, jnp.int32(2), jax.random.PRNGKey(0), hp, TASK.train)
     np.testing.assert_allclose(g, REF_MODEL.loss_grad(X0, *CLIENT_DATA[2]), rtol=1e-4, atol=1e-6)
+
+
+def _simulate_full(algorithm, schedule, hparams):
+    return simulate(TASK, algorithm, schedule, local=LocalConfig(steps=STEPS, batch_size=None),
+                    hparams={"client_lr": LR, **hparams}, eval_every=5, progress=False)
+
+
+@pytest.mark.parametrize("concurrency,buffer_size", [(4, 2), (5, 1), (6, 3)])
+def test_ca2fl_matches_reference_and_caches_hold_last_deltas(concurrency, buffer_size):
+    schedule = make_schedule("concurrent", NUM_CLIENTS, 20, DELAYS, seed=8, concurrency=concurrency,
+                             buffer_size=buffer_size, refill="boundary")
+    history = _simulate_full(ca2fl(), schedule, {"server_lr": 0.9})
+    server = ref.CA2FLReference(NUM_CLIENTS, X0.size, 0.9)
+    last_delta = {}
+
+    def train(c, start):
+        delta = ref.local_delta(REF_MODEL, start, CLIENT_DATA[c], STEPS, LR)
+        last_delta[c] = delta  # arrivals are trained in schedule order, so this ends as each client's last delta
+        return delta
+
+    _assert_close(history.final_params[0], ref.replay(schedule, X0, train, server))
+    # The cache invariant: h_i is client i's latest delta (zero if it never reported).
+    run = make_simulation(TASK, ca2fl(), LocalConfig(steps=STEPS, batch_size=None), schedule.num_steps,
+                          schedule.num_slots, eval_every=20)
+    hp = {**default_hparams(ca2fl()), "client_lr": LR, "server_lr": 0.9}
+    out = jax.jit(run)(schedule_arrays(schedule), hp, jax.random.PRNGKey(0), task_arrays(TASK))
+    cache = np.asarray(out.carry.server.cache)
+    for c in range(NUM_CLIENTS):
+        np.testing.assert_allclose(cache[c], last_delta.get(c, np.zeros(X0.size)), rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(out.carry.server.cache_mean), cache.mean(axis=0), rtol=1e-4, atol=1e-6)
+
+
+def test_ca2fl_with_everyone_every_step_is_fedavg():
+    """M = Mc = n and every client reporting each step: CA2FL's calibrated update is the plain mean of the deltas."""
+    everyone = make_schedule("concurrent", NUM_CLIENTS, 6, DELAYS, seed=9, concurrency=NUM_CLIENTS,
+                             buffer_size=NUM_CLIENTS, refill="boundary")
+    rounds = make_schedule("synchronous", NUM_CLIENTS, 6, DELAYS, seed=9)
+    a = _simulate_full(ca2fl(), everyone, {"server_lr": 1.0}).final_params[0]
+    b = _simulate_full(fedavg(), rounds, {"server_lr": 1.0}).final_params[0]
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_ca2fl_client_arriving_twice_in_a_step_counts_its_latest_delta():
+    """Immediate refill can bring one client twice into a buffer; arrivals are folded in one at a time."""
+    alg = ca2fl()
+    state = alg.init(jnp.zeros(2), 3)
+    meta = ServerMeta(clients=jnp.array([1, 1, 2]), mask=jnp.array([True, True, True]),
+                      staleness=jnp.zeros(3, jnp.int32), step=jnp.int32(0), time=jnp.float32(0))
+    deltas = jnp.array([[1.0, 0.0], [3.0, 0.0], [0.0, 6.0]])
+    new = alg.server(state, deltas, meta, {"server_lr": 1.0})
+    # acc = (1 - 0) + (3 - 1) + (6 - 0) -> v = acc / 3 (hbar was 0); cache: h_1 = [3, 0], h_2 = [0, 6].
+    np.testing.assert_allclose(new.x, [1.0, 2.0])
+    np.testing.assert_allclose(new.cache, [[0, 0], [3, 0], [0, 6]])
+    np.testing.assert_allclose(new.cache_mean, [1.0, 2.0])

@@ -7,6 +7,7 @@ from typing import Any, Callable
 from asyncfl_jax.algorithms import staleness
 from asyncfl_jax.algorithms.base import Algorithm, ServerMeta, ServerState
 from asyncfl_jax.algorithms.buffered import asgd, fedavg, fedbuff
+from asyncfl_jax.algorithms.ca2fl import ca2fl
 from asyncfl_jax.algorithms.fedasync import fedasync
 
 REGISTRY: dict[str, Callable[..., Algorithm]] = {
@@ -14,6 +15,7 @@ REGISTRY: dict[str, Callable[..., Algorithm]] = {
     "fedbuff": fedbuff,
     "fedasync": fedasync,
     "asgd": asgd,
+    "ca2fl": ca2fl,
 }
 """Algorithm constructors by name; keyword options are passed through."""
 
@@ -28,5 +30,5 @@ def get_algorithm(name: str, **options: Any) -> Algorithm:
         raise ValueError(f"algorithm {name!r} got invalid options {sorted(options)}: {e}") from None
 
 
-__all__ = ["Algorithm", "REGISTRY", "ServerMeta", "ServerState", "asgd", "fedasync", "fedavg", "fedbuff",
+__all__ = ["Algorithm", "REGISTRY", "ServerMeta", "ServerState", "asgd", "ca2fl", "fedasync", "fedavg", "fedbuff",
            "get_algorithm", "staleness"]
