@@ -191,3 +191,22 @@ def test_ca2fl_client_arriving_twice_in_a_step_counts_its_latest_delta():
     np.testing.assert_allclose(new.x, [1.0, 2.0])
     np.testing.assert_allclose(new.cache, [[0, 0], [3, 0], [0, 6]])
     np.testing.assert_allclose(new.cache_mean, [1.0, 2.0])
+
+
+def test_ca2fl_step_updates_the_cache_in_place():
+    """A step writes |S| rows of the n x d cache; the compiled scan must not copy the whole cache (O(n d) per step)."""
+    import re
+
+    n, d = 37, 1000
+    alg = ca2fl()
+
+    def body(state, t):
+        rows = (jnp.arange(4) * 7 + t) % n
+        meta = ServerMeta(clients=rows, mask=jnp.ones(4, bool), staleness=jnp.zeros(4, jnp.int32), step=t,
+                          time=jnp.float32(0))
+        return alg.server(state, jnp.ones((4, d)) * t, meta, {"server_lr": 1.0}), None
+
+    run = jax.jit(lambda s: jax.lax.scan(body, s, jnp.arange(5))[0], donate_argnums=(0,))
+    hlo = run.lower(alg.init(jnp.zeros(d), n)).compile().as_text()
+    copies = [line for line in hlo.splitlines() if re.search(rf"f32\[{n},{d}\]\S* copy\(", line)]
+    assert not copies, copies

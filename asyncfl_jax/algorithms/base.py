@@ -108,3 +108,16 @@ def model_only_algorithm(
 def masked_weighted_sum(messages: jax.Array, weights: jax.Array) -> jax.Array:
     """``sum_i w_i m_i`` over the buffer axis (weights of padding entries must be 0)."""
     return jnp.tensordot(weights.astype(messages.dtype), messages, axes=1)
+
+
+def after(values: jax.Array, read: jax.Array) -> jax.Array:
+    """``values``, unchanged, but computed after ``read`` (adds ``0 * isfinite(read[0...])``, which is exactly 0).
+
+    Writing rows of a large per-client buffer in place (``buffer.at[rows].set(values)``) is only O(rows x d) when XLA
+    schedules every read of the buffer before the write. If the written values do not depend on what was read, XLA may
+    order the write first and copy the whole n x d buffer to keep the old rows readable, every step. Passing the
+    values through ``after(values, rows_read)`` orders the read first and keeps the write in place.
+    """
+    first = read.reshape(-1)[0]
+    return values + jnp.zeros((), values.dtype) * jnp.isfinite(first).astype(values.dtype)
+
