@@ -111,13 +111,14 @@ def masked_weighted_sum(messages: jax.Array, weights: jax.Array) -> jax.Array:
 
 
 def after(values: jax.Array, read: jax.Array) -> jax.Array:
-    """``values``, unchanged, but computed after ``read`` (adds ``0 * isfinite(read[0...])``, which is exactly 0).
+    """``values``, unchanged, but computed after all of ``read`` (adds ``0 * all(isfinite(read))``, exactly 0).
 
     Writing rows of a large per-client buffer in place (``buffer.at[rows].set(values)``) is only O(rows x d) when XLA
     schedules every read of the buffer before the write. If the written values do not depend on what was read, XLA may
     order the write first and copy the whole n x d buffer to keep the old rows readable, every step. Passing the
-    values through ``after(values, rows_read)`` orders the read first and keeps the write in place.
+    values through ``after(values, rows_read)`` orders the read first and keeps the write in place. The dependency is
+    a reduction over all of ``read`` (a dependency on a single element would let XLA split the read and move the rest
+    after the write).
     """
-    first = read.reshape(-1)[0]
-    return values + jnp.zeros((), values.dtype) * jnp.isfinite(first).astype(values.dtype)
-
+    finite = jnp.all(jnp.isfinite(read)).astype(values.dtype)
+    return values + jnp.zeros((), values.dtype) * finite
