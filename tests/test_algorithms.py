@@ -193,18 +193,19 @@ def test_ca2fl_client_arriving_twice_in_a_step_counts_its_latest_delta():
     np.testing.assert_allclose(new.cache_mean, [1.0, 2.0])
 
 
-def test_ca2fl_step_updates_the_cache_in_place():
+@pytest.mark.parametrize("buffer_size", [1, 4])
+def test_ca2fl_step_updates_the_cache_in_place(buffer_size):
     """A step writes |S| rows of the n x d cache; the compiled scan must not copy the whole cache (O(n d) per step)."""
     import re
 
-    n, d = 37, 1000
+    n, d, m = 37, 1000, buffer_size
     alg = ca2fl()
 
     def body(state, t):
-        rows = (jnp.arange(4) * 7 + t) % n
-        meta = ServerMeta(clients=rows, mask=jnp.ones(4, bool), staleness=jnp.zeros(4, jnp.int32), step=t,
+        rows = (jnp.arange(m) * 7 + t) % n
+        meta = ServerMeta(clients=rows, mask=jnp.ones(m, bool), staleness=jnp.zeros(m, jnp.int32), step=t,
                           time=jnp.float32(0))
-        return alg.server(state, jnp.ones((4, d)) * t, meta, {"server_lr": 1.0}), None
+        return alg.server(state, jnp.ones((m, d)) * t, meta, {"server_lr": 1.0}), None
 
     run = jax.jit(lambda s: jax.lax.scan(body, s, jnp.arange(5))[0], donate_argnums=(0,))
     hlo = run.lower(alg.init(jnp.zeros(d), n)).compile().as_text()

@@ -161,3 +161,29 @@ def test_history_rows_and_results_files(task, schedule, tmp_path):
     assert summary["schedule"][0]["staleness_mean"] >= 0
     assert len(summary["final_test_accuracy"]) == 2
     assert not any(f.startswith(".tmp") for f in os.listdir(tmp_path / "out"))  # atomic writes left no temp files
+
+
+@pytest.mark.parametrize("protocol,options", [("all_active", {}),
+                                              ("concurrent", {"concurrency": 6, "buffer_size": 3,
+                                                              "refill": "boundary"})])
+def test_compiled_step_copies_no_per_client_buffer(task, protocol, options):
+    """The pending buffer and CA2FL's n x d cache are updated in place: no copy of an [R, n, d] array per step."""
+    import re
+
+    from asyncfl_jax import ca2fl
+    from asyncfl_jax.engine import build_program, stack_hparams
+
+    schedule = make_schedule(protocol, N, 10, DELAYS, seed=0, **options)
+    algorithm = ca2fl()
+    program = build_program(task, algorithm, LOCAL, schedule.num_slots)
+    hp = stack_hparams(make_replicas(algorithm, [0]))
+    keys = jnp.stack([jax.random.PRNGKey(0)])
+    sched, data = schedule_arrays(schedule), task_arrays(task)
+    carry = jax.jit(jax.vmap(program.init, in_axes=(None, 0, 0, None)))(sched, hp, keys, data)
+    chunk = jax.jit(jax.vmap(program.chunk, in_axes=(0, None, 0, 0, None)), donate_argnums=(0,))
+    hlo = chunk.lower(carry, sched.steps, hp, keys, data).compile().as_text()
+    d = task.num_params
+    shapes = {f"f32[1,{N},{d}]", f"f32[1,{schedule.num_slots},{d}]"}
+    copies = [line for line in hlo.splitlines()
+              if " copy(" in line and any(re.search(re.escape(s) + r"\S* copy\(", line) for s in shapes)]
+    assert not copies, copies

@@ -122,3 +122,16 @@ def after(values: jax.Array, read: jax.Array) -> jax.Array:
     """
     finite = jnp.all(jnp.isfinite(read)).astype(values.dtype)
     return values + jnp.zeros((), values.dtype) * finite
+
+
+def read_rows(buffer: jax.Array, rows: jax.Array) -> jax.Array:
+    """``buffer[rows]`` for a buffer that the same step then writes in place (use with :func:`after`).
+
+    A read of a single row becomes a ``dynamic-slice`` in XLA, and XLA:CPU then copies the whole buffer rather than
+    order that slice before an in-place write of the buffer (seen in the compiled HLO). Reading through a gather of at
+    least two indices (one padding index that is dropped) keeps the write in place.
+    """
+    if rows.shape[0] >= 2:
+        return buffer[rows]
+    padded = jnp.concatenate([rows, jnp.zeros((1,), rows.dtype)])
+    return buffer[padded][: rows.shape[0]]

@@ -31,6 +31,7 @@ from asyncfl_jax.algorithms.base import (
     after,
     model_of,
     no_client_state,
+    read_rows,
     send_result,
 )
 
@@ -101,4 +102,4 @@ def _previous_value(cache: jax.Array, rows: jax.Array, mask: jax.Array, deltas: 
     earlier = jnp.arange(m)[None, :] < jnp.arange(m)[:, None]  # earlier[k, j]: j comes before k
     same = (rows[:, None] == rows[None, :]) & mask[:, None] & mask[None, :] & earlier
     last_earlier = jnp.max(jnp.where(same, jnp.arange(m)[None, :], -1), axis=1)
-    return jnp.where((last_earlier >= 0)[:, None], deltas[jnp.maximum(last_earlier, 0)], cache[rows])
+    return jnp.where((last_earlier >= 0)[:, None], deltas[jnp.maximum(last_earlier, 0)], read_rows(cache, rows))
