@@ -334,33 +334,18 @@ def simulate(
         Results equal the unsharded run up to float rounding.
     """
     local = local or LocalConfig()
+    name = label or algorithm.name
     replicas = make_replicas(algorithm, seeds, hparams)
     if local.use_momentum is False and any(r.hparams["momentum"] != 0 for r in replicas):
         local = dataclasses.replace(local, use_momentum=True)
     if eval_every < 1:
         raise ValueError(f"eval_every must be >= 1, got {eval_every}")
 
-    if isinstance(schedules, Schedule):
-        per_replica = [schedules] * len(replicas)
-        shared = True
-    else:
-        schedules = list(schedules)
-        if len(schedules) != len(seeds):
-            raise ValueError(f"got {len(schedules)} schedules for {len(seeds)} seeds; give one per seed or one in all")
-        by_seed = dict(zip([int(s) for s in seeds], schedules))
-        per_replica = [by_seed[r.seed] for r in replicas]
-        shared = len(schedules) == 1
-    for s in per_replica:
-        if s.num_clients != task.num_clients:
-            raise ValueError(f"the schedule has {s.num_clients} clients but the task has {task.num_clients}")
-
+    per_replica, shared = _schedules_per_replica(schedules, seeds, replicas, task.num_clients)
     if shared:
-        sched = schedule_arrays(per_replica[0])
-        num_slots = per_replica[0].num_slots
-        sched_axis = None
+        sched, num_slots, sched_axis = schedule_arrays(per_replica[0]), per_replica[0].num_slots, None
     else:
-        sched, num_slots = stack_schedules(per_replica)
-        sched_axis = 0
+        (sched, num_slots), sched_axis = stack_schedules(per_replica), 0
     T = per_replica[0].num_steps
     program = build_program(task, algorithm, local, num_slots, job_sharding=job_sharding() if shard_jobs else None)
     hp = stack_hparams(replicas)
@@ -384,7 +369,7 @@ def simulate(
     loop_compile_seconds = 0.0
     reported: set[int] = set()
     stopped_early = False
-    bar = _progress_bar(T, progress, label or algorithm.name)
+    bar = _progress_bar(T, progress, name)
     start_wall = time.perf_counter()
     for start in range(0, T, eval_every):
         stop = min(start + eval_every, T)
@@ -398,18 +383,18 @@ def simulate(
         for k in METRIC_NAMES:
             metrics[k].append(np.asarray(out[k]))
         bar.update(stop - start)
-        bar.set_postfix(acc=f"{float(np.nanmean(np.asarray(out['test_accuracy']))):.3f}")
+        accuracy = np.asarray(out["test_accuracy"])
+        if np.isfinite(accuracy).any():
+            bar.set_postfix(acc=f"{float(np.mean(accuracy[np.isfinite(accuracy)])):.3f}")
         diverged = np.asarray(carry.diverged_at)
-        for r in np.flatnonzero(diverged >= 0):
-            if r not in reported:
-                reported.add(int(r))
-                warnings.warn(
-                    f"{label or algorithm.name}: replica {r} (seed={replicas[r].seed}, "
-                    f"{_swept_description(replicas, r)}) diverged: the global model became NaN/inf at server step "
-                    f"{int(diverged[r])}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+        for r in sorted(set(np.flatnonzero(diverged >= 0).tolist()) - reported):
+            reported.add(r)
+            warnings.warn(
+                f"{name}: replica {r} (seed={replicas[r].seed}, {_swept_description(replicas, r)}) diverged: the "
+                f"global model became NaN/inf at server step {int(diverged[r])}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if (diverged >= 0).all():
             stopped_early = True
             break
@@ -422,7 +407,7 @@ def simulate(
     uploads = np.stack([_uploads_at(s, steps) for s in per_replica])
     summaries = [schedule_summary(s) for s in (per_replica[:1] if shared else per_replica)]
     return History(
-        label=label or algorithm.name,
+        label=name,
         algorithm=algorithm.name,
         algorithm_options=dict(algorithm.options),
         steps=steps,
@@ -439,6 +424,24 @@ def simulate(
         run_seconds=run_seconds,
         final_params=np.asarray(jax.vmap(algorithm.params)(carry.server)),
     )
+
+
+def _schedules_per_replica(
+    schedules: Schedule | Sequence[Schedule], seeds: Sequence[int], replicas: Sequence[Replica], num_clients: int
+) -> tuple[list[Schedule], bool]:
+    """The schedule of every replica (one shared, or one per seed) and whether they are all the same one."""
+    if isinstance(schedules, Schedule):
+        per_replica, shared = [schedules] * len(replicas), True
+    else:
+        schedules = list(schedules)
+        if len(schedules) != len(seeds):
+            raise ValueError(f"got {len(schedules)} schedules for {len(seeds)} seeds; give one per seed or one in all")
+        by_seed = dict(zip([int(s) for s in seeds], schedules))
+        per_replica, shared = [by_seed[r.seed] for r in replicas], len(schedules) == 1
+    for s in per_replica:
+        if s.num_clients != num_clients:
+            raise ValueError(f"the schedule has {s.num_clients} clients but the task has {num_clients}")
+    return per_replica, shared
 
 
 def job_sharding() -> Any:
