@@ -33,7 +33,7 @@ import numpy as np
 
 from asyncfl_jax.algorithms.base import Algorithm, ServerMeta
 from asyncfl_jax.client import LOCAL_HPARAMS, LocalConfig, make_local_update
-from asyncfl_jax.results import History
+from asyncfl_jax.results import History, swept_names
 from asyncfl_jax.task import Task, TaskArrays, make_evaluator, task_arrays
 from asyncfl_jax.timing.schedule import Schedule
 from asyncfl_jax.timing.stats import schedule_summary
@@ -452,7 +452,7 @@ def job_sharding() -> Any:
 
 
 def _swept_description(replicas: Sequence[Replica], r: int) -> str:
-    varying = [k for k in replicas[0].hparams if len({rep.hparams[k] for rep in replicas}) > 1]
+    varying = swept_names([rep.hparams for rep in replicas])
     return ", ".join(f"{k}={replicas[r].hparams[k]:g}" for k in varying) or "no swept hyper-parameters"
 
 

@@ -33,6 +33,11 @@ import numpy as np
 METRIC_COLUMNS = ("test_accuracy", "test_loss", "train_loss")
 
 
+def swept_names(hparams: Sequence[dict[str, float]]) -> list[str]:
+    """Names of the hyper-parameters whose value differs between replicas."""
+    return [k for k in hparams[0] if len({h[k] for h in hparams}) > 1]
+
+
 @dataclasses.dataclass(eq=False)
 class History:
     """Metrics of one experiment (all its replicas) against server step, virtual time and uploads.
@@ -76,7 +81,7 @@ class History:
     @property
     def swept(self) -> list[str]:
         """Hyper-parameters that differ between replicas."""
-        return [k for k in self.hparams[0] if len({h[k] for h in self.hparams}) > 1]
+        return swept_names(self.hparams)
 
     def final(self, metric: str = "test_accuracy") -> np.ndarray:
         """The metric at the last evaluation, per replica."""
