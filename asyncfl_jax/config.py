@@ -22,6 +22,7 @@ PARTITIONS = ("natural", "iid", "dirichlet", "shards", "power_law")
 MODELS = ("logreg", "mlp", "cnn")
 PROTOCOLS = ("all_active", "concurrent", "synchronous")
 REFILLS = ("immediate", "boundary")
+AGGREGATIONS = ("count", "periodic", "poisson")
 
 
 class ConfigError(ValueError):
@@ -78,13 +79,33 @@ class LocalTrainingConfig:
 class ProtocolConfig:
     """Arrival protocol: "all_active" (every client always training, one arrival per step), "concurrent" (Mc
     clients in flight, a step every M arrivals, refill "immediate" or "boundary") or "synchronous" (FedAvg rounds
-    with ``participants`` clients, null = all)."""
+    with ``participants`` clients, null = all).
+
+    ``aggregation`` (all_active and concurrent): "count" (a step every ``buffer_size`` arrivals), or a server clock
+    that applies a step with whatever arrived since the last one: "periodic" (every ``period`` units of virtual time)
+    or "poisson" (at the points of a Poisson process of rate ``rate``). A clock needs refill "immediate", ignores
+    ``buffer_size`` and needs the run's length in ``steps`` (the arrivals per step vary)."""
 
     name: str = "concurrent"
     concurrency: int = 20
     buffer_size: int = 10
     refill: str = "boundary"
     participants: int | None = None
+    aggregation: str = "count"
+    period: float | None = None
+    rate: float | None = None
+
+    def schedule_options(self) -> dict[str, Any]:
+        """The keyword options of :func:`~asyncfl_jax.timing.protocols.make_schedule` for this protocol."""
+        clock = {} if self.aggregation == "count" else {"aggregation": self.aggregation, "period": self.period,
+                                                        "rate": self.rate}
+        if self.name == "all_active":
+            return clock
+        if self.name == "synchronous":
+            return {"participants": self.participants}
+        if clock:
+            return {"concurrency": self.concurrency, "refill": self.refill, **clock}
+        return {"concurrency": self.concurrency, "buffer_size": self.buffer_size, "refill": self.refill}
 
     def arrivals_per_step(self, num_clients: int) -> int:
         if self.name == "all_active":
@@ -261,6 +282,10 @@ HPARAM_RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "alpha": (0.0, 1.0, False, True),
     "staleness_a": (0.0, math.inf, True, False),
     "staleness_b": (0.0, math.inf, True, False),
+    "tau_algo": (0.0, math.inf, True, False),
+    "tau_c": (0.0, math.inf, False, False),
+    "lr_c": (0.0, math.inf, False, False),
+    "lr_d": (0.0, math.inf, False, False),
 }
 
 
@@ -394,12 +419,34 @@ def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
         _check_int(f"{prefix}.protocol.concurrency", p.concurrency, 1)
         if p.concurrency > n:
             _fail(f"{prefix}.protocol.concurrency", p.concurrency, f"must be <= data.num_clients ({n})")
-        _check_int(f"{prefix}.protocol.buffer_size", p.buffer_size, 1)
-        if p.buffer_size > p.concurrency:
-            _fail(f"{prefix}.protocol.buffer_size", p.buffer_size,
-                  f"must be <= protocol.concurrency ({p.concurrency}): the server cannot wait for more updates than "
-                  "there are clients in flight")
+        if p.aggregation == "count":  # a server clock ignores buffer_size
+            _check_int(f"{prefix}.protocol.buffer_size", p.buffer_size, 1)
+            if p.buffer_size > p.concurrency:
+                _fail(f"{prefix}.protocol.buffer_size", p.buffer_size,
+                      f"must be <= protocol.concurrency ({p.concurrency}): the server cannot wait for more updates "
+                      "than there are clients in flight")
         _check_choice(f"{prefix}.protocol.refill", p.refill, REFILLS)
+    if p.name in ("all_active", "concurrent"):
+        _check_choice(f"{prefix}.protocol.aggregation", p.aggregation, AGGREGATIONS)
+    elif p.aggregation != "count":
+        _fail(f"{prefix}.protocol.aggregation", p.aggregation, "synchronous rounds have no server clock: use 'count'")
+    for opt, needed_by in (("period", "periodic"), ("rate", "poisson")):
+        value = getattr(p, opt)
+        if p.aggregation == needed_by:
+            if value is None:
+                _fail(f"{prefix}.protocol.{opt}", value,
+                      f"aggregation '{needed_by}' needs a {opt} (a finite number > 0)")
+            _check_positive(f"{prefix}.protocol.{opt}", value)
+        elif value is not None:
+            _fail(f"{prefix}.protocol.{opt}", value, f"only used with protocol.aggregation = '{needed_by}' (got "
+                  f"{p.aggregation!r}); leave it null")
+    if p.aggregation != "count":
+        if p.name == "concurrent" and p.refill != "immediate":
+            _fail(f"{prefix}.protocol.refill", p.refill, f"a server clock (aggregation '{p.aggregation}') refills "
+                  "immediately: set protocol.refill = 'immediate'")
+        if run.schedule_files is None and run.arrivals is not None:
+            _fail(f"{prefix}.arrivals", run.arrivals, f"with a server clock (aggregation '{p.aggregation}') the "
+                  f"arrivals per step vary: give the run's length as {prefix}.steps")
     if p.name == "synchronous" and p.participants is not None:
         _check_int(f"{prefix}.protocol.participants", p.participants, 1)
         if p.participants > n:

@@ -76,16 +76,32 @@ def build_schedules(cfg: ExperimentConfig, run: RunConfig) -> list[Schedule]:
     if run.schedule_files is not None:
         recorded = [Schedule.load(path) for path in run.schedule_files]
         if run.steps is None and run.arrivals is None:
-            return recorded
+            return _same_widths(recorded)
         steps = [run.steps if run.steps is not None else max(1, run.arrivals // s.buffer_width) for s in recorded]
-        return [s.truncate(min(k, s.num_steps)) for s, k in zip(recorded, steps)]
-    options = {
-        "all_active": {},
-        "concurrent": {"concurrency": p.concurrency, "buffer_size": p.buffer_size, "refill": p.refill},
-        "synchronous": {"participants": p.participants},
-    }[p.name]
+        return _same_widths([s.truncate(min(k, s.num_steps)) for s, k in zip(recorded, steps)])
     delays = cfg.delay_model()
-    return [make_schedule(p.name, n, run.num_steps(n), delays, seed, **options) for seed in cfg.seeds]
+    options = p.schedule_options()
+    return _same_widths([make_schedule(p.name, n, run.num_steps(n), delays, seed, **options) for seed in cfg.seeds])
+
+
+def _same_widths(schedules: list[Schedule]) -> list[Schedule]:
+    """Pads the schedules of the seeds to one arrival and one dispatch width (they differ with a server clock,
+    dropouts or suspensions), so that the seeds run as one vectorized program."""
+    if len(schedules) < 2:
+        return schedules
+    m = max(s.buffer_width for s in schedules)
+    d = max(s.dispatch_width for s in schedules)
+    return [s.pad(buffer_width=m, dispatch_width=d) for s in schedules]
+
+
+def concurrency(run: RunConfig, num_clients: int) -> int:
+    """Clients training at once under the run's protocol (for synchronous rounds: the participants)."""
+    p = run.protocol
+    if p.name == "concurrent":
+        return p.concurrency
+    if p.name == "synchronous" and p.participants is not None:
+        return p.participants
+    return num_clients
 
 
 def run_experiment(
@@ -100,6 +116,8 @@ def run_experiment(
         use_momentum=cfg.local.momentum > 0,
     )
     hparams = {**cfg.local.hparams(), **run.hparams}
+    if "tau_c" in algorithm.hyperparams and "tau_c" not in run.hparams:
+        hparams["tau_c"] = float(concurrency(run, cfg.data.num_clients))  # delay-adaptive ASGD: tau_C = Mc
     return simulate(
         task,
         algorithm,

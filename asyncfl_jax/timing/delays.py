@@ -34,6 +34,14 @@ Noise is produced from two uniforms per job through :meth:`DelayModel.noise_from
 exponential/uniform, Box-Muller for the normal-based ones). The uniforms come either from a numpy ``Generator``
 (:meth:`DelayModel.sample_noise`) or from the counter-based per-(client, job) stream :class:`JobDurations`, which the
 protocols use so that the ``k``-th job of client ``i`` has the same duration whichever code path asks for it.
+
+Client availability (off by default; see :mod:`asyncfl_jax.timing.protocols` for what the protocols do with it):
+
+* dropouts: ``floor(dropout_fraction * n)`` clients, drawn once per schedule, leave for good at virtual time
+  ``dropout_time`` (default ``inf``: never);
+* suspensions: after each upload a client is suspended with probability ``suspension_prob`` for an exponential time
+  of mean ``suspension_mean``. The coin and the length after client ``i``'s ``u``-th upload are a pure function of
+  ``(seed, i, u)`` (:class:`Suspensions`, the same counter-based construction as :class:`JobDurations`).
 """
 
 from __future__ import annotations
@@ -63,6 +71,14 @@ _FLOAT_FIELDS = (
     "noise_high",
     "comm_time",
 )
+# Client availability (dropouts, suspensions). ``to_dict`` writes these only when they differ from their defaults, so
+# the description of a delay model without dropouts or suspensions is the same as before they existed.
+_AVAILABILITY_DEFAULTS = {
+    "dropout_fraction": 0.0,
+    "dropout_time": math.inf,
+    "suspension_prob": 0.0,
+    "suspension_mean": 1.0,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,9 +103,13 @@ class DelayModel:
     noise_high: float = 1.0
     combine: str = "multiply"
     comm_time: float = 0.0
+    dropout_fraction: float = 0.0
+    dropout_time: float = math.inf
+    suspension_prob: float = 0.0
+    suspension_mean: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in _FLOAT_FIELDS:
+        for name in (*_FLOAT_FIELDS, *_AVAILABILITY_DEFAULTS):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise ValueError(f"delays.{name} must be a real number, got {value!r}")
@@ -152,11 +172,47 @@ class DelayModel:
                     f"delays.noise_high must be > noise_low, got {self.noise_high} <= {self.noise_low}"
                 )
         at_least("comm_time", 0.0, strict=False)
+        # Client availability.
+        for name in ("dropout_fraction", "suspension_prob", "suspension_mean"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"delays.{name} must be finite, got {getattr(self, name)}")
+        if not 0.0 <= self.dropout_fraction < 1.0:
+            raise ValueError(f"delays.dropout_fraction must be in [0, 1) (the fraction of clients that leave), "
+                             f"got {self.dropout_fraction}")
+        if math.isnan(self.dropout_time) or self.dropout_time < 0.0:
+            raise ValueError(f"delays.dropout_time must be >= 0 (a virtual time; inf = never), got {self.dropout_time}")
+        if not 0.0 <= self.suspension_prob <= 1.0:
+            raise ValueError(f"delays.suspension_prob must be in [0, 1] (a probability), got {self.suspension_prob}")
+        at_least("suspension_mean", 0.0, strict=True, why=" (mean length of a suspension)")
+
+    # ------------------------------------------------------------------ client availability
+    def num_dropped(self, num_clients: int) -> int:
+        """``floor(dropout_fraction * num_clients)``, the number of clients that leave (computed with a 1e-9 tolerance,
+        so that e.g. ``0.29 * 100`` gives 29 and not 28)."""
+        return int(math.floor(self.dropout_fraction * num_clients + 1e-9))
+
+    def has_dropouts(self, num_clients: int) -> bool:
+        """Whether some client leaves at a finite time (``num_dropped(n) >= 1`` and ``dropout_time < inf``)."""
+        return self.num_dropped(num_clients) >= 1 and math.isfinite(self.dropout_time)
+
+    @property
+    def has_suspensions(self) -> bool:
+        """Whether clients may be suspended after an upload (``suspension_prob > 0``)."""
+        return self.suspension_prob > 0.0
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
-        """All fields as a flat JSON-friendly dict."""
-        return dataclasses.asdict(self)
+        """All fields as a flat JSON-friendly dict.
+
+        The availability fields (``dropout_fraction``, ``dropout_time``, ``suspension_prob``, ``suspension_mean``) are
+        written only when they differ from their defaults: a model without dropouts or suspensions has the same
+        description as before these fields existed, and ``dropout_time = inf`` is never written (JSON has no inf).
+        """
+        d = dataclasses.asdict(self)
+        for name, default in _AVAILABILITY_DEFAULTS.items():
+            if d[name] == default:
+                del d[name]
+        return d
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> "DelayModel":
@@ -295,3 +351,28 @@ class JobDurations:
         clients = np.asarray(clients, dtype=np.int64)
         jobs = np.arange(first_job, first_job + count, dtype=np.int64)
         return self.durations(clients[:, None], jobs[None, :])
+
+
+class Suspensions:
+    """Suspension after the ``u``-th upload of client ``i``: a pure function of ``(delays, key, i, u)``.
+
+    Uses :func:`counter_uniforms` (``u1``, ``u2``) with its own key: the client is suspended iff
+    ``u1 < suspension_prob``, for ``-suspension_mean * log(1 - u2)`` (exponential with mean ``suspension_mean``).
+    """
+
+    def __init__(self, delays: DelayModel, key: int) -> None:
+        self.prob = float(delays.suspension_prob)
+        self.mean = float(delays.suspension_mean)
+        self.key = int(key)
+
+    def lengths(self, clients: np.ndarray, uploads: np.ndarray) -> np.ndarray:
+        """float64, broadcast shape: suspension length after upload ``uploads`` of client ``clients``; ``nan`` where the
+        client is not suspended."""
+        u1, u2 = counter_uniforms(self.key, np.asarray(clients, dtype=np.int64), np.asarray(uploads, dtype=np.int64))
+        return np.where(u1 < self.prob, -self.mean * np.log1p(-u2), np.nan)
+
+    def block(self, clients: np.ndarray, first_upload: int, count: int) -> np.ndarray:
+        """float64 [len(clients), count]: uploads ``first_upload .. first_upload+count-1`` of each client."""
+        clients = np.asarray(clients, dtype=np.int64)
+        uploads = np.arange(first_upload, first_upload + count, dtype=np.int64)
+        return self.lengths(clients[:, None], uploads[None, :])

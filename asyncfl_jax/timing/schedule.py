@@ -12,7 +12,11 @@ Conventions (used by every protocol and by the engine):
   reads step ``t``'s arrivals, so a job may arrive in the step it was dispatched in (staleness 0).
 * Every job owns a *slot* of the engine's pending buffer from its dispatch until its arrival step is over; the
   ``*_slots`` arrays say which. A slot freed at step ``t`` is only reused by jobs of version ``>= t+1``.
-* ``-1`` pads client ids (and their slots) where a step has fewer arrivals or dispatches than the static width.
+* ``-1`` pads client ids (and their slots) where a step has fewer arrivals or dispatches than the static width. A
+  step may have no arrival at all (a server clock that ticks when nothing arrived): all of its entries are -1.
+* With dropouts (``info["dropped_clients"]``, ``info["dropout_time"]``) a job of a dropped client still in flight at
+  the dropout time never arrives: its slot is never read and is simply written again by a later job (of a later
+  step's dispatch row, started at or after the dropout time).
 
 All arrays are numpy arrays on the host; the engine moves them to the device.
 """
@@ -45,7 +49,8 @@ _ARRAY_FIELDS = (
 class Schedule:
     """Arrays describing T server steps of an asynchronous (or synchronous) FL run.
 
-    Shapes: ``D0`` initial jobs, ``D`` dispatch width, ``M`` arrival width (buffer size), ``S`` pending slots.
+    Shapes: ``D0`` initial jobs, ``D`` dispatch width, ``M`` arrival width (the buffer size, or with a server clock
+    the largest number of arrivals in a step), ``S`` pending slots. Rows shorter than the width are padded.
 
     Attributes:
       init_clients:     int32 [D0]    clients that start a job from ``x_0`` before step 0 (-1 = none).
@@ -111,6 +116,24 @@ class Schedule:
         """int64 [T]: number of client results applied at each step."""
         return self.arrival_mask.sum(axis=1).astype(np.int64)
 
+    def pad(self, buffer_width: int | None = None, dispatch_width: int | None = None) -> "Schedule":
+        """The same schedule with its arrival width ``M`` and dispatch width ``D`` padded (with -1 / nan) to at least
+        the given values, e.g. to stack the schedules of several seeds whose widths differ (server clock,
+        suspensions). Padding does not change any job: a padded entry is no arrival and no dispatch."""
+        fields: dict[str, np.ndarray] = {}
+        for names, width in (
+            (("arrival_clients", "arrival_slots", "arrival_versions", "arrival_times"), buffer_width),
+            (("dispatch_clients", "dispatch_slots", "dispatch_times"), dispatch_width),
+        ):
+            current = getattr(self, names[0]).shape[1]
+            if width is None or width <= current:
+                continue
+            for name in names:
+                a = getattr(self, name)
+                fill = np.nan if a.dtype.kind == "f" else -1
+                fields[name] = np.concatenate([a, np.full((a.shape[0], width - current), fill, dtype=a.dtype)], axis=1)
+        return dataclasses.replace(self, **fields) if fields else self
+
     def truncate(self, num_steps: int) -> "Schedule":
         """The first ``num_steps`` steps (jobs still in flight afterwards are simply never applied)."""
         if not 0 < num_steps <= self.num_steps:
@@ -166,7 +189,9 @@ class Schedule:
 
         Checked: shapes and dtypes agree; client ids in ``[-1, n)``; slots in ``[0, S)`` where a client is given;
         versions in ``[0, t]`` (staleness >= 0); step times non-decreasing; every arrival reads a slot whose last
-        write was a job of the same client and version that has not been read yet.
+        write was a job of the same client and version that has not been read yet. A slot may be written again before
+        it is read only if it holds a job of a dropped client (``info["dropped_clients"]``) that never arrives, by a
+        job of a later dispatch row started at or after ``info["dropout_time"]``.
         """
         T, M = self.arrival_clients.shape
         n, S = self.num_clients, self.num_slots
@@ -194,21 +219,26 @@ class Schedule:
             raise ValueError(f"step_times must be non-decreasing: step {t} at {self.step_times[t]} < {self.step_times[t - 1]}")
         # Replay the slot protocol: slot -> (client, version) of the job it holds.
         holder: dict[int, tuple[int, int]] = {}
+        dropped = set(int(c) for c in self.info.get("dropped_clients", ()))
+        dropout_time = float(self.info.get("dropout_time", np.inf))
 
-        def start(where: str, client: int, slot: int, version: int) -> None:
+        def start(where: str, client: int, slot: int, version: int, when: float) -> None:
             if not 0 <= slot < S:
                 raise ValueError(f"{where}: slot {slot} of client {client} is not in [0, {S})")
             if slot in holder:
-                raise ValueError(f"{where}: slot {slot} is still held by client {holder[slot][0]}")
+                held_by, held_version = holder[slot]
+                if not (held_by in dropped and held_version < version and when >= dropout_time):
+                    raise ValueError(f"{where}: slot {slot} is still held by client {held_by}")
             holder[slot] = (client, version)
 
         for j, (c, s) in enumerate(zip(self.init_clients.tolist(), self.init_slots.tolist())):
             if c >= 0:
-                start(f"init[{j}]", c, s, 0)
+                start(f"init[{j}]", c, s, 0, float(self.init_time))
         for t in range(T):
-            for j, (c, s) in enumerate(zip(self.dispatch_clients[t].tolist(), self.dispatch_slots[t].tolist())):
+            for j, (c, s, w) in enumerate(zip(self.dispatch_clients[t].tolist(), self.dispatch_slots[t].tolist(),
+                                              self.dispatch_times[t].tolist())):
                 if c >= 0:
-                    start(f"dispatch[{t}, {j}]", c, s, t)
+                    start(f"dispatch[{t}, {j}]", c, s, t, w)
             freed = []
             for j, (c, s, v) in enumerate(
                 zip(self.arrival_clients[t].tolist(), self.arrival_slots[t].tolist(), self.arrival_versions[t].tolist())
