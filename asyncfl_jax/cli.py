@@ -17,11 +17,20 @@ import json
 import sys
 from typing import Any, Sequence
 
+from asyncfl_jax.algorithms import REGISTRY
 from asyncfl_jax.config import ConfigError, ExperimentConfig, set_option, validate
 
 
 def _parse_list(text: str, cast=float) -> list:
     return [cast(v) for v in text.split(",") if v.strip()]
+
+
+def _parse_scalar(text: str) -> Any:
+    """A JSON value (number, true/false) when the text is one, else the text itself (``int8`` stays a string)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -49,7 +58,9 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr", type=float, help="client learning rate")
 
     g = run.add_argument_group("algorithm (replaces the default runs with a single run)")
-    g.add_argument("--algorithm", help="fedavg | fedbuff | fedasync | asgd | ca2fl")
+    g.add_argument("--algorithm", help=" | ".join(sorted(REGISTRY)) + " (see `asyncfl algorithms`)")
+    g.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="an algorithm option, e.g. --option cache=int8 --option rule=direct (repeatable)")
     g.add_argument("--staleness", help="staleness function: constant | polynomial | hinge | inverse_sqrt")
     g.add_argument("--normalization", help="fedbuff normalization: buffer | weights | none")
     g.add_argument("--hparam", action="append", default=[], metavar="NAME=V[,V...]",
@@ -115,12 +126,22 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
                                             "concurrency": 20, "buffer_size": 10, "refill": "boundary"}}
         if args.algorithm in ("fedasync", "asgd"):
             run["protocol"].update(buffer_size=1, refill="immediate")
+        if args.algorithm in ("ace", "aced", "delay_adaptive_asgd"):  # every client always computing (ACE paper)
+            run["protocol"] = {"name": "all_active"}
+        if args.algorithm in ("area", "as_fedavg"):  # every client always computing, Delta = 4 (AREA paper)
+            run["protocol"] = {"name": "concurrent", "concurrency": None, "buffer_size": 4,  # None: n, below
+                               "refill": "immediate"}
         raw["runs"] = [run]
     for run in raw["runs"]:
         if args.staleness is not None:
             run.setdefault("options", {})["staleness"] = args.staleness
         if args.normalization is not None:
             run.setdefault("options", {})["normalization"] = args.normalization
+        for item in args.option:
+            if "=" not in item:
+                raise ConfigError(f"invalid option --option = {item!r}: expected NAME=VALUE")
+            name, text = (part.strip() for part in item.split("=", 1))
+            run.setdefault("options", {})[name] = _parse_scalar(text)
         for item in args.hparam:
             if "=" not in item:
                 raise ConfigError(f"invalid option --hparam = {item!r}: expected NAME=VALUE[,VALUE...]")
@@ -142,6 +163,9 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
             run["arrivals"], run["steps"] = args.arrivals, None
     for item in args.set:
         set_option(raw, item)
+    for run in raw["runs"]:  # "every client" once the number of clients is final
+        if run.get("protocol", {}).get("concurrency", 0) is None:
+            run["protocol"]["concurrency"] = raw["data"]["num_clients"]
     put("output", args.out)
     return ExperimentConfig.from_dict(raw)
 

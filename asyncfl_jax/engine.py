@@ -15,7 +15,14 @@ diverged); :func:`make_simulation` returns the same computation as one pure func
 ``vmap`` themselves.
 
 Randomness: the job that client slot ``j`` starts at step ``t`` uses ``fold_in(fold_in(key, t + 1), j)`` (initial
-jobs use ``t + 1 = 0``), so results do not depend on the chunking or on how replicas are batched.
+jobs use ``t + 1 = 0``) and the server's own randomness at step ``t`` (stochastic rounding) uses
+``fold_in(fold_in(key, t + 1), SERVER_STREAM)``, so results do not depend on the chunking or on how replicas are
+batched.
+
+Initialization round: for algorithms with ``init_round`` (ACE, ACED) every client first computes its result at the
+task's ``x0`` (client ``i`` with key ``fold_in(fold_in(key, INIT_ROUND_STREAM), i)``) and the server applies one step
+with all n messages. The model it produces is the schedule's ``x_0``: the initial jobs start from it and the History's
+step 0 is evaluated on it; the n uploads of the round are counted at step 0. The round takes no virtual time.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
+import os
+import sys
 import time
 import warnings
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
@@ -40,6 +49,8 @@ from asyncfl_jax.timing.stats import schedule_summary
 
 METRIC_NAMES = ("test_accuracy", "test_loss", "train_loss")
 INIT_BATCH = 256  # initial jobs are trained in groups of this many (bounds memory when all n clients start at once)
+SERVER_STREAM = 0x7FFFFFFF  # fold_in index of the server's key at each step (job j of a step uses index j)
+INIT_ROUND_STREAM = 0x7FFFFFFE  # fold_in index of the initialization round's keys (steps use t + 1 >= 0)
 
 
 class StepArrays(NamedTuple):
@@ -202,26 +213,71 @@ def build_program(
     local_fn = make_local_update(task.model, local, output=algorithm.local_output)
     evaluate = make_evaluator(task.model)
 
+    def job_hparams(server: Any, hp):
+        """The hyper-parameters of jobs dispatched now (the algorithm may set them from its state)."""
+        return hp if algorithm.local_hparams is None else algorithm.local_hparams(server, hp)
+
+    def train(x: jax.Array, clients: jax.Array, valid: jax.Array, keys: jax.Array, carry: Carry, hp,
+              data: TaskArrays):
+        """Trains the jobs of ``clients`` (only ``valid`` ones count) from ``x``: their messages and the clients'
+        memory after them."""
+        if job_sharding is not None:
+            clients = jax.lax.with_sharding_constraint(clients, job_sharding)
+            keys = jax.lax.with_sharding_constraint(keys, job_sharding)
+        hp = job_hparams(carry.server, hp)
+        results = jax.vmap(local_fn, in_axes=(None, 0, 0, None, None))(x, clients, keys, hp, data.train)
+        if not jax.tree_util.tree_leaves(carry.clients):  # no client memory: every job is independent
+            messages, _ = jax.vmap(algorithm.client, in_axes=(None, 0, None, None))(x, results, carry.clients, hp)
+            return messages, carry.clients
+        return client_steps_in_order(x, clients, valid, results, carry.clients, hp)
+
+    def client_steps_in_order(x: jax.Array, clients: jax.Array, valid: jax.Array, results: jax.Array, memory: Any,
+                              hp):
+        """Runs ``algorithm.client`` job by job in dispatch order, so that a client dispatched twice at one step
+        (possible with immediate refill) reads the memory its first job left. O(d) per job."""
+
+        def one(state, item):
+            client, ok, result = item
+            row = jax.tree_util.tree_map(lambda c: c[client], state)
+            message, new_row = algorithm.client(x, result, row, hp)
+            new_row = jax.tree_util.tree_map(lambda new, old: jnp.where(ok, new, old), new_row, row)
+            state = jax.tree_util.tree_map(lambda c, r: c.at[client].set(r), state, new_row)
+            return state, message
+
+        memory, messages = jax.lax.scan(one, memory, (clients, valid, results))
+        return messages, memory
+
     def run_jobs(x: jax.Array, clients: jax.Array, slots: jax.Array, keys: jax.Array, carry: Carry, hp,
                  data: TaskArrays) -> Carry:
         """Trains the jobs ``clients`` (-1 = none) from ``x`` and stores their messages in ``slots``."""
         valid = clients >= 0
-        safe = jnp.where(valid, clients, 0)
-        if job_sharding is not None:
-            safe = jax.lax.with_sharding_constraint(safe, job_sharding)
-            keys = jax.lax.with_sharding_constraint(keys, job_sharding)
-        results = jax.vmap(local_fn, in_axes=(None, 0, 0, None, None))(x, safe, keys, hp, data.train)
-        rows = jax.tree_util.tree_map(lambda c: c[safe], carry.clients)
-        messages, rows = jax.vmap(algorithm.client, in_axes=(None, 0, 0, None))(x, results, rows, hp)
+        messages, memory = train(x, jnp.where(valid, clients, 0), valid, keys, carry, hp, data)
         slot_idx = jnp.where(valid, slots, num_slots)  # out of range -> dropped
-        client_idx = jnp.where(valid, clients, n)
         pending = jax.tree_util.tree_map(lambda p, m: p.at[slot_idx].set(m, mode="drop"), carry.pending, messages)
-        clients_state = jax.tree_util.tree_map(lambda c, r: c.at[client_idx].set(r, mode="drop"), carry.clients, rows)
-        return carry._replace(pending=pending, clients=clients_state)
+        return carry._replace(pending=pending, clients=memory)
 
     def job_keys(key: jax.Array, step_plus_one: jax.Array, width: int, offset: int = 0) -> jax.Array:
         base = jax.random.fold_in(key, step_plus_one)
         return jax.vmap(lambda j: jax.random.fold_in(base, j))(jnp.arange(offset, offset + width))
+
+    def server_key(key: jax.Array, step_plus_one: jax.Array) -> jax.Array:
+        return jax.random.fold_in(jax.random.fold_in(key, step_plus_one), SERVER_STREAM)
+
+    def initialization_round(carry: Carry, hp, key: jax.Array, data: TaskArrays) -> Carry:
+        """Every client computes its result at ``x0`` and the server applies one step with all n messages."""
+        base = jax.random.fold_in(key, INIT_ROUND_STREAM)
+        parts = []
+        for start in range(0, n, INIT_BATCH):  # in bounded groups, like the initial jobs
+            clients = jnp.arange(start, min(start + INIT_BATCH, n), dtype=jnp.int32)
+            keys = jax.vmap(lambda j: jax.random.fold_in(base, j))(clients)
+            messages, memory = train(data.x0, clients, jnp.ones(clients.shape, bool), keys, carry, hp, data)
+            carry = carry._replace(clients=memory)
+            parts.append(messages)
+        messages = jax.tree_util.tree_map(lambda *m: jnp.concatenate(m), *parts)
+        meta = ServerMeta(clients=jnp.arange(n, dtype=jnp.int32), mask=jnp.ones((n,), bool),
+                          staleness=jnp.zeros((n,), jnp.int32), step=jnp.int32(-1), time=jnp.float32(0.0),
+                          key=jax.random.fold_in(base, SERVER_STREAM))
+        return carry._replace(server=algorithm.server(carry.server, messages, meta, hp))
 
     def init(sched: ScheduleArrays, hp, key: jax.Array, data: TaskArrays) -> Carry:
         x0 = data.x0
@@ -232,6 +288,9 @@ def build_program(
         )
         pending = jax.tree_util.tree_map(lambda s: jnp.zeros((num_slots, *s.shape), s.dtype), message_shape)
         carry = Carry(server=server, clients=clients, pending=pending, diverged_at=jnp.int32(-1))
+        if algorithm.init_round:
+            carry = initialization_round(carry, hp, key, data)
+            x0 = algorithm.params(carry.server)  # the schedule's x_0
         d0 = int(sched.init_clients.shape[0])
         for start in range(0, d0, INIT_BATCH):  # initial jobs, all from x_0, in bounded groups
             stop = min(start + INIT_BATCH, d0)
@@ -247,7 +306,7 @@ def build_program(
         read = jnp.where(mask, s.arrival_slots, 0)
         messages = jax.tree_util.tree_map(lambda p: p[read], carry.pending)  # 2. arrivals
         meta = ServerMeta(clients=s.arrival_clients, mask=mask, staleness=jnp.where(mask, s.staleness, 0),
-                          step=s.step, time=s.time)
+                          step=s.step, time=s.time, key=server_key(key, s.step + 1))
         server = algorithm.server(carry.server, messages, meta, hp)
         finite = jnp.all(jnp.isfinite(algorithm.params(server)))  # 3. divergence check
         diverged_at = jnp.where((carry.diverged_at < 0) & ~finite, s.step, carry.diverged_at)
@@ -352,6 +411,10 @@ def simulate(
     keys = jnp.stack([jax.random.PRNGKey(r.seed) for r in replicas])
 
     data = task_arrays(task)
+    budget = memory_budget(program, sched, hp, keys, data, sched_axis)
+    if progress:
+        print(f"{name}: {budget.describe()}", file=sys.stderr, flush=True)
+    budget.check()
     init_fn = jax.jit(jax.vmap(program.init, in_axes=(sched_axis, 0, 0, None)))
     chunk_fn = jax.jit(jax.vmap(program.chunk, in_axes=(0, sched_axis, 0, 0, None)), donate_argnums=(0,))
     eval_fn = jax.jit(jax.vmap(program.evaluate, in_axes=(0, None)))
@@ -404,7 +467,8 @@ def simulate(
 
     steps = np.asarray(eval_steps)
     times = np.stack([_times_at(s, steps) for s in per_replica])
-    uploads = np.stack([_uploads_at(s, steps) for s in per_replica])
+    init_uploads = task.num_clients if algorithm.init_round else 0
+    uploads = np.stack([_uploads_at(s, steps) + init_uploads for s in per_replica])
     summaries = [schedule_summary(s) for s in (per_replica[:1] if shared else per_replica)]
     return History(
         label=name,
@@ -423,7 +487,97 @@ def simulate(
         compile_seconds=compile_seconds,
         run_seconds=run_seconds,
         final_params=np.asarray(jax.vmap(algorithm.params)(carry.server)),
+        memory=budget.as_dict(),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryBudget:
+    """Bytes the simulation state needs on the device, known before anything is compiled.
+
+    Attributes:
+      server: the algorithms' server states of all replicas (the model, and n x d caches where there are).
+      clients: per-client state of all replicas (AREA's client memory, ...).
+      pending: messages of the jobs in flight (``num_slots`` per replica).
+      data: the task's arrays (training set, evaluation sets), shared by the replicas.
+      replicas: number of replicas.
+      available: bytes the device can hold (physical memory on a CPU, the allocator limit on a GPU), or None.
+    """
+
+    server: int
+    clients: int
+    pending: int
+    data: int
+    replicas: int
+    available: int | None
+
+    @property
+    def state(self) -> int:
+        return self.server + self.clients + self.pending
+
+    @property
+    def total(self) -> int:
+        return self.state + self.data
+
+    def describe(self) -> str:
+        room = f" of {_gib(self.available)} available" if self.available else ""
+        return (f"memory budget {_gib(self.total)}{room}: state {_gib(self.state)} for {self.replicas} replica(s) "
+                f"(server {_gib(self.server)}, clients {_gib(self.clients)}, in-flight messages "
+                f"{_gib(self.pending)}), data {_gib(self.data)}")
+
+    def check(self, fraction: float = 0.9) -> None:
+        """Raises ``MemoryError`` (before compiling) when the state cannot fit the device."""
+        # The scan carry is double-buffered while a chunk runs: the state is counted twice.
+        needed = 2 * self.state + self.data
+        if self.available and needed > fraction * self.available:
+            raise MemoryError(
+                f"this run needs about {_gib(needed)} (twice the simulation state of {_gib(self.state)}, plus "
+                f"{_gib(self.data)} of data) but the device has {_gib(self.available)}: use fewer replicas or "
+                "clients, or a smaller per-client cache (an algorithm option cache='bfloat16' or 'int8')"
+            )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"server_bytes": self.server, "clients_bytes": self.clients, "pending_bytes": self.pending,
+                "data_bytes": self.data, "replicas": self.replicas, "available_bytes": self.available}
+
+
+def _gib(nbytes: int | None) -> str:
+    if nbytes is None:
+        return "?"
+    if nbytes >= 2**28:
+        return f"{nbytes / 2**30:.2f} GiB"
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
+
+
+def _tree_bytes(tree: Any) -> int:
+    return int(sum(np.prod(leaf.shape, dtype=np.int64) * np.dtype(leaf.dtype).itemsize
+                   for leaf in jax.tree_util.tree_leaves(tree)))
+
+
+def device_memory_bytes(device: Any = None) -> int | None:
+    """Memory one device can hold: the allocator limit of an accelerator, physical memory for the CPU."""
+    device = device or jax.devices()[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 - not every backend reports statistics
+        stats = None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    if device.platform == "cpu":
+        try:
+            return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None
+
+
+def memory_budget(program: Program, sched: ScheduleArrays, hp: Mapping[str, jax.Array], keys: jax.Array,
+                  data: TaskArrays, sched_axis: int | None) -> MemoryBudget:
+    """The :class:`MemoryBudget` of running ``program`` for the replicas of ``hp``/``keys`` (shapes only)."""
+    carry = jax.eval_shape(jax.vmap(program.init, in_axes=(sched_axis, 0, 0, None)), sched, hp, keys, data)
+    return MemoryBudget(server=_tree_bytes(carry.server), clients=_tree_bytes(carry.clients),
+                        pending=_tree_bytes(carry.pending), data=_tree_bytes(data), replicas=int(keys.shape[0]),
+                        available=device_memory_bytes())
 
 
 def _schedules_per_replica(

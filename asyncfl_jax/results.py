@@ -55,6 +55,7 @@ class History:
       num_steps: planned server steps; ``stopped_early`` is True when every replica diverged before the end.
       compile_seconds: time to compile (including running the initial jobs); ``run_seconds``: time of the scan.
       final_params: float [R, d] final global models (kept in memory, not written to the CSV).
+      memory: the memory budget printed before the run (bytes of server, client and in-flight state, data).
     """
 
     label: str
@@ -72,6 +73,7 @@ class History:
     stopped_early: bool = False
     compile_seconds: float = 0.0
     run_seconds: float = 0.0
+    memory: dict[str, Any] | None = None
     final_params: np.ndarray | None = None
 
     @property
@@ -119,6 +121,7 @@ class History:
             "schedule": self.schedule_stats,
             "compile_seconds": round(self.compile_seconds, 3),
             "run_seconds": round(self.run_seconds, 3),
+            "memory": self.memory,
         }
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import reference as ref
-from asyncfl_jax.algorithms import asgd, ca2fl, fedasync, fedavg, fedbuff
+from asyncfl_jax.algorithms import ace, asgd, ca2fl, fedasync, fedavg, fedbuff, mifa
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.algorithms import ServerMeta
@@ -194,20 +194,27 @@ def test_ca2fl_client_arriving_twice_in_a_step_counts_its_latest_delta():
 
 
 @pytest.mark.parametrize("buffer_size", [1, 4])
-def test_ca2fl_step_updates_the_cache_in_place(buffer_size):
+@pytest.mark.parametrize("make", [
+    lambda: ca2fl(),
+    lambda: ca2fl(cache="int8"),
+    lambda: ace(),
+    lambda: ace(cache="int4"),
+    lambda: mifa(cache="bfloat16"),
+], ids=["ca2fl", "mf_ca2fl_int8", "ace", "ace_int4", "mifa_bf16"])
+def test_cache_step_updates_the_cache_in_place(buffer_size, make):
     """A step writes |S| rows of the n x d cache; the compiled scan must not copy the whole cache (O(n d) per step)."""
     import re
 
     n, d, m = 37, 1000, buffer_size
-    alg = ca2fl()
+    alg = make()
 
     def body(state, t):
         rows = (jnp.arange(m) * 7 + t) % n
         meta = ServerMeta(clients=rows, mask=jnp.ones(m, bool), staleness=jnp.zeros(m, jnp.int32), step=t,
-                          time=jnp.float32(0))
-        return alg.server(state, jnp.ones((m, d)) * t, meta, {"server_lr": 1.0}), None
+                          time=jnp.float32(0), key=jax.random.fold_in(jax.random.PRNGKey(0), t))
+        return alg.server(state, jnp.ones((m, d)) * t + jnp.arange(d) / d, meta, {"server_lr": 1.0}), None
 
     run = jax.jit(lambda s: jax.lax.scan(body, s, jnp.arange(5))[0], donate_argnums=(0,))
     hlo = run.lower(alg.init(jnp.zeros(d), n)).compile().as_text()
-    copies = [line for line in hlo.splitlines() if re.search(rf"f32\[{n},{d}\]\S* copy\(", line)]
+    copies = [line for line in hlo.splitlines() if re.search(rf"\w+\[{n},\d+\]\S* copy\(", line)]
     assert not copies, copies

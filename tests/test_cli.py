@@ -38,6 +38,9 @@ def _error(capsys, *argv) -> str:
         (["--dataset", "fashion_mnist", "--data-dir", "/nonexistent-folder"], "dataset files are missing"),
         (["--seeds", "0,x"], "--seeds"),
         (["--concurrency", "500"], "must be <= data.num_clients (100)"),
+        (["--algorithm", "ace", "--option", "cache=int9"], "cache must be one of"),
+        (["--algorithm", "ace", "--option", "rule"], "expected NAME=VALUE"),
+        (["--algorithm", "aced", "--hparam", "tau_algo=-1"], "runs[0].hparams.tau_algo = -1.0: must be in [0, inf)"),
     ],
 )
 def test_bad_options_are_rejected_with_a_clear_message(capsys, argv, expected):
@@ -150,3 +153,20 @@ def test_bad_schedule_file_is_rejected(tmp_path, capsys):
     path.write_text(json.dumps(cfg))
     assert cli.main(["run", "--config", str(path)]) == 2
     assert "runs[0].schedule_files" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("algorithm,options", [("ace", ["--option", "cache=int8"]),
+                                               ("aced", ["--option", "active=cache_age"]),
+                                               ("area", []),
+                                               ("delay_adaptive_asgd", [])])
+def test_run_a_bias_correcting_algorithm_with_options(tmp_path, algorithm, options):
+    out = tmp_path / "run"
+    assert cli.main(["run", "--out", str(out), *SMALL, "--no-plot", "--algorithm", algorithm, *options]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    run = summary["runs"][0]
+    assert run["algorithm"] == algorithm and run["memory"]["server_bytes"] > 0
+    if algorithm == "ace":
+        assert run["algorithm_options"]["cache"] == "int8"
+        assert run["schedule"][0]["num_steps"] == 60  # all clients active: one arrival per step
+    if algorithm == "delay_adaptive_asgd":  # tau_C defaults to the concurrency: every client (all_active)
+        assert run["replicas"][0]["hparams"]["tau_c"] == 20.0

@@ -12,6 +12,11 @@ An asynchronous FL algorithm is described by what each client sends and how the 
 * ``server(state, messages, meta, hp) -> state``: one server step on the ``M`` messages that arrive at it
   (``messages`` has a leading buffer axis; ``meta.mask`` marks real entries).
 * ``params(state) -> x``: the global model the server sends to clients and that is evaluated.
+* ``init_round``: when true, the run starts with an initialization round (ACE, ACED): every client computes its
+  result at ``x0`` and the server applies one step with all ``n`` messages; the schedule then starts from the model
+  that step produced (it is the schedule's ``x_0``).
+* ``local_hparams(state, hp) -> hp``: optional; the hyper-parameters that jobs dispatched now train with (AREA's
+  decreasing step size reads the server's event counter). ``None`` uses ``hp`` unchanged.
 
 ``hp`` is a dict of scalar arrays (``server_lr``, ``alpha``...), read at call time so replicas can differ in them under
 ``vmap``; static choices (a staleness function, a normalization rule) are fixed when the algorithm is built.
@@ -36,6 +41,8 @@ class ServerMeta(NamedTuple):
       staleness: int32 [M] ``t - version`` of each message (0 for padding).
       step: int32 scalar, the server step ``t`` (the model being updated is ``x_t``).
       time: float32 scalar, the virtual time of the step.
+      key: a PRNG key of this step for the server's own randomness (stochastic rounding of quantized caches);
+        independent of every client's training key.
     """
 
     clients: jax.Array
@@ -43,6 +50,7 @@ class ServerMeta(NamedTuple):
     staleness: jax.Array
     step: jax.Array
     time: jax.Array
+    key: jax.Array | None = None
 
 
 class ServerState(NamedTuple):
@@ -63,6 +71,8 @@ class Algorithm(NamedTuple):
     local_output: str = "delta"
     hyperparams: Mapping[str, float] = {}
     options: Mapping[str, Any] = {}
+    init_round: bool = False
+    local_hparams: Callable[[Any, HParams], HParams] | None = None
 
 
 def init_model_only(x0: jax.Array, num_clients: int) -> ServerState:

@@ -15,7 +15,8 @@ average of the buffered deltas:
     Clients are weighted uniformly, as in all the source papers (not by data size).
 
     Asynchronous SGD (buffer of one): every arrival is applied on its own,
-        x <- x + eta_g Delta_i.
+        x <- x + eta_g Delta_i        (or x <- x - eta_g g_i when clients upload gradients).
+    Delay-adaptive ASGD: the same with eta_g min(1, tau_C / tau) for an arrival of staleness tau.
 """
 
 from __future__ import annotations
@@ -83,15 +84,52 @@ def fedavg() -> Algorithm:
     return model_only_algorithm("fedavg", server, hyperparams={"server_lr": 1.0})
 
 
-def asgd() -> Algorithm:
-    """Plain asynchronous SGD: each arriving delta is added as it comes, ``x <- x + eta_g Delta_i``.
+UPLOADS = ("delta", "gradient")
 
-    With one local step this is ``x <- x - eta_g eta_l grad F_i(x_{t-tau}; xi)``. Meant for a buffer of one (every
-    arrival is a server step); with a larger buffer the arrivals of a step are summed.
+
+def asgd(upload: str = "delta") -> Algorithm:
+    """Plain asynchronous SGD: each arrival is applied as it comes.
+
+    ``upload="delta"``: ``x <- x + eta_g Delta_i`` (with one local step, ``x - eta_g eta_l grad F_i(x_{t-tau})``).
+    ``upload="gradient"``: clients send one minibatch gradient and ``x <- x - eta_g g_i`` (Vanilla ASGD of the ACE
+    paper, Mishchenko et al. 2022; ACE digest §2.7). Meant for a buffer of one (every arrival is a server step); with a
+    larger buffer the arrivals of a step are summed.
     """
+    _check_upload(upload)
+    direction = 1.0 if upload == "delta" else -1.0
 
-    def server(state: ServerState, deltas: jnp.ndarray, meta: ServerMeta, hp: HParams) -> ServerState:
-        total = masked_weighted_sum(deltas, meta.mask.astype(deltas.dtype))
-        return ServerState(x=state.x + hp["server_lr"] * total)
+    def server(state: ServerState, messages: jnp.ndarray, meta: ServerMeta, hp: HParams) -> ServerState:
+        total = masked_weighted_sum(messages, meta.mask.astype(messages.dtype))
+        return ServerState(x=state.x + direction * hp["server_lr"] * total)
 
-    return model_only_algorithm("asgd", server, hyperparams={"server_lr": 1.0})
+    algorithm = model_only_algorithm("asgd", server, hyperparams={"server_lr": 1.0}, options={"upload": upload})
+    return algorithm._replace(local_output=upload)
+
+
+def delay_adaptive_asgd(upload: str = "gradient") -> Algorithm:
+    """Delay-adaptive asynchronous SGD (Koloskova et al. 2022; ACE digest §2.8, Alg. a.4).
+
+    Each arrival with staleness ``tau`` is applied with the step size ``eta_t = eta min(1, tau_C / tau)``::
+
+        x <- x - eta_t g_i          (upload="gradient", the default)   or   x <- x + eta_t Delta_i   ("delta")
+
+    Hyper-parameters: ``server_lr`` (eta) and ``tau_c`` (the delay threshold; the recommended value is the
+    concurrency, i.e. the number of clients in flight).
+    """
+    _check_upload(upload)
+    direction = 1.0 if upload == "delta" else -1.0
+
+    def server(state: ServerState, messages: jnp.ndarray, meta: ServerMeta, hp: HParams) -> ServerState:
+        tau = meta.staleness.astype(jnp.float32)
+        rate = hp["server_lr"] * jnp.minimum(1.0, hp["tau_c"] / jnp.maximum(tau, 1e-12))  # eta min(1, tau_C / tau)
+        total = masked_weighted_sum(messages, jnp.where(meta.mask, rate, 0.0))
+        return ServerState(x=state.x + direction * total)
+
+    algorithm = model_only_algorithm("delay_adaptive_asgd", server, hyperparams={"server_lr": 0.1, "tau_c": 10.0},
+                                     options={"upload": upload})
+    return algorithm._replace(local_output=upload)
+
+
+def _check_upload(upload: str) -> None:
+    if upload not in UPLOADS:
+        raise ValueError(f"upload must be one of {list(UPLOADS)}, got {upload!r}")

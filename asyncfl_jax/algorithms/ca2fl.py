@@ -28,12 +28,11 @@ from asyncfl_jax.algorithms.base import (
     Algorithm,
     HParams,
     ServerMeta,
-    after,
     model_of,
     no_client_state,
-    read_rows,
     send_result,
 )
+from asyncfl_jax.algorithms.cache import make_cache, replace_rows
 
 
 class CA2FLState(NamedTuple):
@@ -41,7 +40,8 @@ class CA2FLState(NamedTuple):
 
     Attributes:
       x: global model [d].
-      cache: ``h_i``, every client's latest delta [n, d] (float32).
+      cache: ``h_i``, every client's latest delta [n, d], in the storage of a
+        :class:`~asyncfl_jax.algorithms.cache.ClientCache` (float32 [n, d] by default).
       cache_mean: ``hbar = (1/n) sum_i h_i`` [d].
     """
 
@@ -50,56 +50,52 @@ class CA2FLState(NamedTuple):
     cache_mean: jax.Array
 
 
-def ca2fl() -> Algorithm:
+def ca2fl(cache: str = "float32", cache_rounding: str = "stochastic", quantize_fresh: bool = False) -> Algorithm:
     """CA2FL: the FedBuff step calibrated by a server cache of every client's latest delta.
 
     Use it with the paper's schedule: the "concurrent" protocol with ``refill="boundary"`` (Mc = 20, M = 10).
-    Hyper-parameters: ``server_lr`` (eta, 1.0 as tuned in the paper's Table 6). The cache takes n x d float32.
+    Hyper-parameters: ``server_lr`` (eta, 1.0 as tuned in the paper's Table 6).
+
+    Args:
+      cache: how the n x d cache is stored (:data:`asyncfl_jax.algorithms.cache.CACHE_KINDS`). With ``"int8"``,
+        ``"int4"`` or ``"int2"`` this is MF-CA2FL (digest §2.4): the server keeps ``h_i = Q(Delta_i)``, and ``hbar``
+        is the mean of the stored ``Q`` values; the fresh term of ``v`` uses the full-precision ``Delta_i``.
+      cache_rounding: "stochastic" (unbiased, the paper's assumption) or "nearest" (deterministic).
+      quantize_fresh: use ``Q(Delta_i)`` in the fresh term too (the form of the paper's App. G proof).
     """
+    store = make_cache(cache, cache_rounding)
 
     def init(x0: jax.Array, num_clients: int) -> CA2FLState:
-        return CA2FLState(x=x0, cache=jnp.zeros((num_clients, x0.shape[0]), x0.dtype), cache_mean=jnp.zeros_like(x0))
+        return CA2FLState(x=x0, cache=store.init(num_clients, x0.shape[0]), cache_mean=jnp.zeros_like(x0))
 
     def server(state: CA2FLState, deltas: jax.Array, meta: ServerMeta, hp: HParams) -> CA2FLState:
-        n = state.cache.shape[0]
-        rows = jnp.where(meta.mask, meta.clients, 0)
-        previous = _previous_value(state.cache, rows, meta.mask, deltas)  # h_i before each arrival
-        acc = jnp.sum(jnp.where(meta.mask[:, None], deltas - previous, 0.0), axis=0)  # sum (Delta_i - h_i)
+        n = jax.tree_util.tree_leaves(state.cache)[0].shape[0]
+        r = replace_rows(store, state.cache, deltas, meta.clients, meta.mask, meta.key)  # h_i <- Q(Delta_i) (l. 11)
+        fresh = r.stored if quantize_fresh else deltas
+        acc = jnp.sum(jnp.where(meta.mask[:, None], fresh - r.previous, 0.0), axis=0)  # sum (Delta_i - h_i)
         arrivals = jnp.maximum(jnp.sum(meta.mask), 1)
         v = state.cache_mean + acc / arrivals  # v_t = hbar + (1/|S_t|) sum (Delta_i - h_i)   (line 9)
-        keep = meta.mask & ~_has_later_duplicate(rows, meta.mask)  # a client's last arrival of the step wins
-        new_rows = after(deltas, previous)  # read the old rows before the in-place write (see base.after)
-        cache = state.cache.at[jnp.where(keep, rows, n)].set(new_rows, mode="drop")  # h_i <- Delta_i   (line 11)
         return CA2FLState(
             x=state.x + hp["server_lr"] * v,  # x_{t+1} = x_t + eta v_t   (line 10)
-            cache=cache,
-            cache_mean=state.cache_mean + acc / n,  # hbar_{t+1} = (1/n) sum_i h_{t+1}^i
+            cache=r.store,
+            cache_mean=state.cache_mean + r.change / n,  # hbar_{t+1} = (1/n) sum_i h_{t+1}^i
         )
 
     return Algorithm(
-        name="ca2fl",
+        name="ca2fl" if cache in ("float32", "bfloat16") else "mf_ca2fl",
         init=init,
         client=send_result,
         server=server,
         params=model_of,
         init_clients=no_client_state,
         hyperparams={"server_lr": 1.0},
+        options={"cache": cache, "cache_rounding": cache_rounding, "quantize_fresh": quantize_fresh},
     )
 
 
-def _has_later_duplicate(rows: jax.Array, mask: jax.Array) -> jax.Array:
-    """bool [M]: entry k is followed, in the same buffer, by another real entry of the same client."""
-    m = rows.shape[0]
-    later = jnp.arange(m)[None, :] > jnp.arange(m)[:, None]  # later[k, j]: j comes after k
-    same = (rows[:, None] == rows[None, :]) & mask[:, None] & mask[None, :]
-    return jnp.any(same & later, axis=1)
-
-
-def _previous_value(cache: jax.Array, rows: jax.Array, mask: jax.Array, deltas: jax.Array) -> jax.Array:
-    """[M, d]: the cache row each arrival replaces: the client's delta from an earlier arrival of the same step if
-    there is one (the arrivals are applied in order), else its cached ``h_i``. Costs O(M d) (a gather of M rows)."""
-    m = rows.shape[0]
-    earlier = jnp.arange(m)[None, :] < jnp.arange(m)[:, None]  # earlier[k, j]: j comes before k
-    same = (rows[:, None] == rows[None, :]) & mask[:, None] & mask[None, :] & earlier
-    last_earlier = jnp.max(jnp.where(same, jnp.arange(m)[None, :], -1), axis=1)
-    return jnp.where((last_earlier >= 0)[:, None], deltas[jnp.maximum(last_earlier, 0)], read_rows(cache, rows))
+def mf_ca2fl(bits: int = 8, rounding: str = "stochastic", quantize_fresh: bool = False) -> Algorithm:
+    """MF-CA2FL (memory-friendly CA2FL, digest §2.4): CA2FL with the cache stored in ``bits`` in {8, 4, 2} bits."""
+    if bits not in (8, 4, 2):
+        raise ValueError(f"mf_ca2fl bits must be 8, 4 or 2, got {bits!r}")
+    algorithm = ca2fl(cache=f"int{bits}", cache_rounding=rounding, quantize_fresh=quantize_fresh)
+    return algorithm._replace(options={"bits": bits, "rounding": rounding, "quantize_fresh": quantize_fresh})

@@ -1,0 +1,223 @@
+"""Per-client caches on the server (n x d), stored in full precision, bfloat16, or quantized to 8/4/2 bits.
+
+CA2FL, MF-CA2FL, ACE, ACED and MIFA keep one d-vector per client on the server. A :class:`ClientCache` is the storage
+strategy these algorithms are built with (a combinator: the algorithm's rule is written once against ``read`` and
+``replace``, and the cache decides how rows are stored):
+
+* ``"float32"``: exact.
+* ``"bfloat16"``: rows rounded to bfloat16 (half the memory; kept as their raw uint16 bits).
+* ``"int8"``, ``"int4"``, ``"int2"``: b-bit codes with a per-row range (MF-CA2FL, CA2FL digest §2.4; ACE-8bit, ACE
+  digest §2.4). For a row ``v``::
+
+      lo = min(v),  scale = (max(v) - lo) / (2^b - 1)
+      code = clip(floor((v - lo) / scale + r), 0, 2^b - 1)      r ~ U[0, 1) ("stochastic", unbiased) or r = 1/2
+      Q(v) = lo + code * scale                                    ("nearest", deterministic)
+
+  (``Q(v) = v`` for a constant row). Stochastic rounding is unbiased, ``E[Q(v)] = v``, with per-entry variance at most
+  ``scale^2 / 4``, as the papers' analyses assume (CA2FL Assumption C.1). Codes are packed ``8 / b`` to a byte, so a
+  row costs ``ceil(d b / 8)`` bytes plus two float32 numbers: the 4x / 8x / 16x saving over float32 that the papers
+  count. The scale is per row (one per client vector) rather than per layer.
+
+The algorithms keep the running mean of the *stored* rows (``hbar``, ``u``) in float32 beside the cache, so every
+read of "the cache" sees the same values the mean was built from.
+
+Writing one client's row costs O(d): ``replace`` reads the old rows through a gather and writes the new ones in place
+(see :func:`asyncfl_jax.algorithms.base.after`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from asyncfl_jax.algorithms.base import after, read_rows
+
+CACHE_KINDS = ("float32", "bfloat16", "int8", "int4", "int2")
+ROUNDINGS = ("stochastic", "nearest")
+_BITS = {"int8": 8, "int4": 4, "int2": 2}
+
+
+class QuantizedRows(NamedTuple):
+    """Rows stored as packed b-bit codes: ``Q(v)[j] = lo + code[j] * scale``.
+
+    Attributes:
+      codes: uint8 [k, ceil(d * bits / 8)], ``8 // bits`` codes per byte (lowest bits first).
+      lo: float32 [k], each row's minimum.
+      scale: float32 [k], each row's step ``(max - min) / (2^bits - 1)`` (0 for a constant row).
+    """
+
+    codes: jax.Array
+    lo: jax.Array
+    scale: jax.Array
+
+
+def quantize(values: jax.Array, bits: int, rounding: str = "stochastic", key: jax.Array | None = None) -> QuantizedRows:
+    """Quantizes each row of ``values`` [k, d] to ``bits`` in {8, 4, 2} bits (see the module docstring)."""
+    if bits not in (8, 4, 2):
+        raise ValueError(f"bits must be 8, 4 or 2, got {bits!r}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {list(ROUNDINGS)}, got {rounding!r}")
+    values = values.astype(jnp.float32)
+    levels = 2**bits - 1
+    lo = jnp.min(values, axis=1)
+    scale = (jnp.max(values, axis=1) - lo) / levels
+    safe = jnp.where(scale > 0, scale, 1.0)
+    if rounding == "nearest":
+        r = jnp.float32(0.5)
+    else:
+        if key is None:
+            raise ValueError("stochastic rounding needs a PRNG key")
+        r = jax.random.uniform(key, values.shape, jnp.float32)
+    codes = jnp.clip(jnp.floor((values - lo[:, None]) / safe[:, None] + r), 0, levels).astype(jnp.uint8)
+    return QuantizedRows(codes=_pack(codes, bits), lo=lo, scale=scale)
+
+
+def dequantize(q: QuantizedRows, bits: int, dim: int) -> jax.Array:
+    """``Q(v) = lo + code * scale`` as float32 [k, dim]."""
+    codes = _unpack(q.codes, bits, dim).astype(jnp.float32)
+    return q.lo[:, None] + codes * q.scale[:, None]
+
+
+def _pack(codes: jax.Array, bits: int) -> jax.Array:
+    per = 8 // bits
+    if per == 1:
+        return codes
+    k, d = codes.shape
+    padded = jnp.pad(codes, ((0, 0), (0, -d % per)))
+    groups = padded.reshape(k, -1, per).astype(jnp.uint32)
+    shifts = jnp.arange(per, dtype=jnp.uint32) * bits
+    return jnp.sum(groups << shifts, axis=-1).astype(jnp.uint8)
+
+
+def _unpack(packed: jax.Array, bits: int, dim: int) -> jax.Array:
+    per = 8 // bits
+    if per == 1:
+        return packed[:, :dim]
+    shifts = jnp.arange(per, dtype=jnp.uint8) * bits
+    codes = (packed[:, :, None] >> shifts) & jnp.uint8(2**bits - 1)
+    return codes.reshape(packed.shape[0], -1)[:, :dim]
+
+
+class ClientCache(NamedTuple):
+    """How an algorithm stores its n per-client d-vectors (a pytree ``store`` with a leading client axis).
+
+    * ``init(n, d) -> store``: all rows zero.
+    * ``encode(values [k, d], key) -> rows``: the stored form of new rows.
+    * ``decode(rows, d) -> float32 [k, d]``: the values the algorithm sees.
+    * ``read(store, rows, d) -> float32 [k, d]``: decoded rows ``rows`` (through a gather, see ``read_rows``).
+    * ``read_all(store, d) -> float32 [n, d]``: the whole cache, decoded (O(n d); for the direct rules).
+    * ``write(store, rows, encoded) -> store``: sets rows (index ``n`` = dropped); to keep the write in place, the
+      encoded values must be computed after every read of the store (:func:`replace_rows` does this).
+    * ``bytes_per_client(d)``: memory of one row.
+    """
+
+    kind: str
+    rounding: str
+
+    @property
+    def bits(self) -> int:
+        return _BITS.get(self.kind, 32 if self.kind == "float32" else 16)
+
+    def init(self, n: int, d: int) -> Any:
+        if self.kind == "float32":
+            return jnp.zeros((n, d), jnp.float32)
+        if self.kind == "bfloat16":
+            return jnp.zeros((n, d), jnp.uint16)  # the bits of bfloat16 values (see encode)
+        return QuantizedRows(codes=jnp.zeros((n, _packed_width(d, self.bits)), jnp.uint8),
+                             lo=jnp.zeros((n,), jnp.float32), scale=jnp.zeros((n,), jnp.float32))
+
+    def encode(self, values: jax.Array, key: jax.Array | None) -> Any:
+        if self.kind == "float32":
+            return values.astype(jnp.float32)
+        if self.kind == "bfloat16":
+            # Stored as the raw 16 bits: XLA:CPU has no bfloat16 arithmetic and would otherwise convert the whole
+            # n x d buffer to float32 and back to write one row.
+            return jax.lax.bitcast_convert_type(values.astype(jnp.bfloat16), jnp.uint16)
+        return quantize(values, self.bits, self.rounding, key)
+
+    def decode(self, rows: Any, d: int) -> jax.Array:
+        if self.kind == "float32":
+            return rows
+        if self.kind == "bfloat16":
+            return jax.lax.bitcast_convert_type(rows, jnp.bfloat16).astype(jnp.float32)
+        return dequantize(rows, self.bits, d)
+
+    def read(self, store: Any, rows: jax.Array, d: int) -> jax.Array:
+        return self.decode(jax.tree_util.tree_map(lambda a: read_rows(a, rows), store), d)
+
+    def read_all(self, store: Any, d: int) -> jax.Array:
+        return self.decode(store, d)
+
+    def write(self, store: Any, rows: jax.Array, encoded: Any) -> Any:
+        return jax.tree_util.tree_map(lambda a, v: a.at[rows].set(v, mode="drop"), store, encoded)
+
+    def bytes_per_client(self, d: int) -> int:
+        if self.kind in ("float32", "bfloat16"):
+            return d * self.bits // 8
+        return _packed_width(d, self.bits) + 8
+
+
+def _packed_width(d: int, bits: int) -> int:
+    return math.ceil(d * bits / 8)
+
+
+def make_cache(kind: str = "float32", rounding: str = "stochastic") -> ClientCache:
+    """A :class:`ClientCache` of ``kind`` in :data:`CACHE_KINDS`; ``rounding`` applies to the int kinds."""
+    if kind not in CACHE_KINDS:
+        raise ValueError(f"cache must be one of {list(CACHE_KINDS)}, got {kind!r}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"cache_rounding must be one of {list(ROUNDINGS)}, got {rounding!r}")
+    return ClientCache(kind=kind, rounding=rounding)
+
+
+class Replaced(NamedTuple):
+    """Result of :func:`replace_rows`."""
+
+    store: Any  # the cache with the arrivals' rows replaced
+    stored: jax.Array  # [M, d] the decoded values now stored for each arrival, Q(values)
+    previous: jax.Array  # [M, d] the decoded value each arrival replaced (0 for padding)
+    change: jax.Array  # [d] sum over real arrivals of (stored - previous): n times the change of the cache mean
+
+
+def replace_rows(cache: ClientCache, store: Any, values: jax.Array, clients: jax.Array, mask: jax.Array,
+                 key: jax.Array | None) -> Replaced:
+    """Sets cache row ``clients[k]`` to ``values[k]`` for the real arrivals, in arrival order, in O(M d).
+
+    A client that arrives twice in one step replaces, the second time, the value stored at its first arrival, and
+    its row ends with its last value (the sequential rule). ``change`` is ``sum_k (stored_k - previous_k)``, so the
+    mean of the rows moves by ``change / n``.
+    """
+    n = jax.tree_util.tree_leaves(store)[0].shape[0]
+    d = values.shape[-1]
+    rows = jnp.where(mask, clients, 0)
+    old = cache.read(store, rows, d)
+    # Encode values that depend on the read rows (see base.after), so XLA writes the new rows in place. This is done
+    # on the float32 values: XLA folds ``x * 0`` for integer codes, which would drop the dependency.
+    encoded = cache.encode(after(values.astype(jnp.float32), old), key)
+    stored = cache.decode(encoded, d)
+    earlier = _last_earlier_duplicate(rows, mask)
+    previous = jnp.where((earlier >= 0)[:, None], stored[jnp.maximum(earlier, 0)], old)
+    previous = jnp.where(mask[:, None], previous, 0.0)
+    keep = mask & ~_has_later_duplicate(rows, mask)  # a client's last arrival of the step wins
+    store = cache.write(store, jnp.where(keep, rows, n), encoded)
+    change = jnp.sum(jnp.where(mask[:, None], stored - previous, 0.0), axis=0)
+    return Replaced(store=store, stored=stored, previous=previous, change=change)
+
+
+def _last_earlier_duplicate(rows: jax.Array, mask: jax.Array) -> jax.Array:
+    """int [M]: index of the last earlier real arrival of the same client, -1 if none."""
+    m = rows.shape[0]
+    earlier = jnp.arange(m)[None, :] < jnp.arange(m)[:, None]  # earlier[k, j]: j comes before k
+    same = (rows[:, None] == rows[None, :]) & mask[:, None] & mask[None, :] & earlier
+    return jnp.max(jnp.where(same, jnp.arange(m)[None, :], -1), axis=1)
+
+
+def _has_later_duplicate(rows: jax.Array, mask: jax.Array) -> jax.Array:
+    """bool [M]: entry k is followed, in the same buffer, by another real entry of the same client."""
+    m = rows.shape[0]
+    later = jnp.arange(m)[None, :] > jnp.arange(m)[:, None]
+    same = (rows[:, None] == rows[None, :]) & mask[:, None] & mask[None, :]
+    return jnp.any(same & later, axis=1)
