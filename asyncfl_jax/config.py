@@ -341,7 +341,8 @@ def validate(cfg: ExperimentConfig) -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             _fail(f"data.{opt}", v, "must be a number >= 0")
     if d.synthetic_max_samples is not None:
-        _check_int("data.synthetic_max_samples", d.synthetic_max_samples, 1)
+        _check_int("data.synthetic_max_samples", d.synthetic_max_samples, 50,
+                   "must be null or an integer >= 50 (the smallest client size of LEAF Synthetic)")
     _check_int("data.seed", d.seed, 0)
     if d.name in ("fashion_mnist", "mnist"):
         from asyncfl_jax.data.idx import DatasetNotFoundError, find_idx_dir
