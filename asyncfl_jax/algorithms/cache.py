@@ -198,26 +198,27 @@ def replace_rows(cache: ClientCache, store: Any, values: jax.Array, clients: jax
     # on the float32 values: XLA folds ``x * 0`` for integer codes, which would drop the dependency.
     encoded = cache.encode(after(values.astype(jnp.float32), old), key)
     stored = cache.decode(encoded, d)
-    earlier = _last_earlier_duplicate(rows, mask)
+    earlier, has_later = _duplicates(rows, mask)
     previous = jnp.where((earlier >= 0)[:, None], stored[jnp.maximum(earlier, 0)], old)
     previous = jnp.where(mask[:, None], previous, 0.0)
-    keep = mask & ~_has_later_duplicate(rows, mask)  # a client's last arrival of the step wins
+    keep = mask & ~has_later  # a client's last arrival of the step wins
     store = cache.write(store, jnp.where(keep, rows, n), encoded)
     change = jnp.sum(jnp.where(mask[:, None], stored - previous, 0.0), axis=0)
     return Replaced(store=store, stored=stored, previous=previous, change=change)
 
 
-def _last_earlier_duplicate(rows: jax.Array, mask: jax.Array) -> jax.Array:
-    """int [M]: index of the last earlier real arrival of the same client, -1 if none."""
+def _duplicates(rows: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """For each arrival k: the index of the last earlier real arrival of the same client (-1 if none), and whether a
+    later real arrival of the same client follows. O(M log M) (a stable sort by client), so an initialization round
+    with M = n arrivals stays cheap."""
     m = rows.shape[0]
-    earlier = jnp.arange(m)[None, :] < jnp.arange(m)[:, None]  # earlier[k, j]: j comes before k
-    same = (rows[:, None] == rows[None, :]) & mask[:, None] & mask[None, :] & earlier
-    return jnp.max(jnp.where(same, jnp.arange(m)[None, :], -1), axis=1)
-
-
-def _has_later_duplicate(rows: jax.Array, mask: jax.Array) -> jax.Array:
-    """bool [M]: entry k is followed, in the same buffer, by another real entry of the same client."""
-    m = rows.shape[0]
-    later = jnp.arange(m)[None, :] > jnp.arange(m)[:, None]
-    same = (rows[:, None] == rows[None, :]) & mask[:, None] & mask[None, :]
-    return jnp.any(same & later, axis=1)
+    position = jnp.arange(m)
+    keys = jnp.where(mask, rows, jnp.max(rows) + 1 + position)  # padding never matches anything
+    order = jnp.argsort(keys, stable=True)  # by client, then by arrival order
+    sorted_keys = keys[order]
+    same_as_previous = jnp.concatenate([jnp.zeros((1,), bool), sorted_keys[1:] == sorted_keys[:-1]])
+    same_as_next = jnp.concatenate([sorted_keys[:-1] == sorted_keys[1:], jnp.zeros((1,), bool)])
+    previous = jnp.concatenate([jnp.full((1,), -1, order.dtype), order[:-1]])
+    last_earlier = jnp.zeros((m,), order.dtype).at[order].set(jnp.where(same_as_previous, previous, -1))
+    has_later = jnp.zeros((m,), bool).at[order].set(same_as_next)
+    return last_earlier, has_later
