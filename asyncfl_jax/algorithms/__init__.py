@@ -9,6 +9,9 @@ from asyncfl_jax.algorithms.base import Algorithm, ServerMeta, ServerState
 from asyncfl_jax.algorithms.area import area, as_fedavg
 from asyncfl_jax.algorithms.buffered import asgd, delay_adaptive_asgd, fedavg, fedbuff
 from asyncfl_jax.algorithms.ca2fl import ca2fl, mf_ca2fl
+from asyncfl_jax.algorithms.compression import (COMPRESSORS, Compressor, asynfl, asynflc, asynflc_ef, compressed,
+                                                error_feedback, make_compressor, message_bits,
+                                                with_compression_options)
 from asyncfl_jax.algorithms.fedasync import fedasync
 from asyncfl_jax.algorithms.memory import ace, aced, mifa
 
@@ -25,7 +28,12 @@ REGISTRY: dict[str, Callable[..., Algorithm]] = {
     "mifa": mifa,
     "area": area,
     "as_fedavg": as_fedavg,
+    "asynfl": asynfl,
 }
+# Every constructor also accepts ``compressor`` (a name in COMPRESSORS), the compressor's options, ``error_feedback``
+# and ``compression_seed`` (see asyncfl_jax.algorithms.compression); AsynFLC and AsynFLC-EF have their own names.
+REGISTRY = {name: with_compression_options(make) for name, make in REGISTRY.items()}
+REGISTRY.update({"asynflc": asynflc, "asynflc_ef": asynflc_ef})
 """Algorithm constructors by name; keyword options are passed through."""
 
 
@@ -39,5 +47,7 @@ def get_algorithm(name: str, **options: Any) -> Algorithm:
         raise ValueError(f"algorithm {name!r} got invalid options {sorted(options)}: {e}") from None
 
 
-__all__ = ["Algorithm", "REGISTRY", "ServerMeta", "ServerState", "ace", "aced", "area", "as_fedavg", "asgd", "ca2fl",
-           "delay_adaptive_asgd", "fedasync", "fedavg", "fedbuff", "get_algorithm", "mf_ca2fl", "mifa", "staleness"]
+__all__ = ["Algorithm", "COMPRESSORS", "Compressor", "REGISTRY", "ServerMeta", "ServerState", "ace", "aced", "area",
+           "as_fedavg", "asgd", "asynfl", "asynflc", "asynflc_ef", "ca2fl", "compressed", "delay_adaptive_asgd",
+           "error_feedback", "fedasync", "fedavg", "fedbuff", "get_algorithm", "make_compressor", "message_bits",
+           "mf_ca2fl", "mifa", "staleness"]
