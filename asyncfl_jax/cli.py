@@ -4,17 +4,30 @@
     asyncfl run --config exp.json --out runs/x   # a configuration file (see --print-config for its shape)
     asyncfl run --algorithm fedasync --staleness hinge --hparam alpha=0.3,0.6 --seeds 0,1,2
     asyncfl run --set data.name=fashion_mnist --set data.partition=dirichlet --set model.name=logreg
+    asyncfl run --resume runs/x                  # continue an interrupted run from its checkpoints
     asyncfl algorithms                           # algorithms, their options and hyper-parameters
 
 Every option is checked before anything is compiled; an invalid one stops the command with exit code 2 and a message
 naming the option, the value and what is allowed.
+
+Checkpoints: ``asyncfl run --out DIR`` saves each run's state into ``DIR/checkpoints/<run>/`` every
+``--checkpoint-every`` evaluation chunks (default 1; ``--no-checkpoint`` turns it off) and the History of each
+finished run there. Ctrl-C or SIGTERM lets the current chunk finish, saves, and exits (codes 130 and 143);
+``asyncfl run --resume DIR`` then continues from ``DIR/config.json``: finished runs are reused, the unfinished one
+continues from its checkpoint, and the results equal an uninterrupted run's. ``--out DIR`` refuses (exit code 2) a
+non-empty DIR unless it holds an unfinished run of the same configuration (which is then continued) or
+``--overwrite`` is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import sys
+import threading
 from typing import Any, Sequence
 
 from asyncfl_jax.algorithms import REGISTRY
@@ -39,7 +52,16 @@ def _build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run an experiment and write config, metrics and plots to an output folder")
     run.add_argument("--config", help="JSON configuration file (defaults fill what it omits)")
-    run.add_argument("--out", help="output folder (default: runs/default)")
+    run.add_argument("--out", help="output folder (default: runs/default); it must be new or empty, or hold an "
+                                   "unfinished run of the same configuration (which is continued), unless --overwrite")
+    run.add_argument("--overwrite", action="store_true",
+                     help="start over in a non-empty --out folder (deletes its earlier results and checkpoints)")
+    run.add_argument("--resume", metavar="DIR",
+                     help="continue the interrupted run in DIR (its config.json and checkpoints); finished runs are "
+                          "reused, the results equal an uninterrupted run's")
+    run.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
+                     help="save a checkpoint into OUT/checkpoints/<run>/ every N evaluation chunks (default: 1)")
+    run.add_argument("--no-checkpoint", action="store_true", help="save no checkpoints")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="set any option, e.g. data.num_clients=50, local.lr=0.1, runs.arrivals=2000 (all runs)")
     run.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
@@ -183,6 +205,84 @@ def _print_algorithms() -> None:
         print(f"    hyper-parameters (defaults): {default_hparams(alg)}")
 
 
+# Options that define the experiment: with --resume the configuration comes from DIR/config.json instead.
+_CONFIG_OPTIONS = ("config", "set", "dataset", "data_dir", "num_clients", "partition", "dirichlet_alpha", "model",
+                   "local_steps", "batch_size", "lr", "algorithm", "option", "staleness", "normalization", "hparam",
+                   "protocol", "concurrency", "buffer_size", "refill", "participants", "steps", "arrivals", "speed",
+                   "noise", "seeds", "eval_every", "shard_jobs")
+
+
+def _resumed_config(args: argparse.Namespace) -> ExperimentConfig:
+    """The configuration saved in ``--resume DIR``, writing to DIR."""
+    given = [f"--{name.replace('_', '-')}" for name in _CONFIG_OPTIONS if getattr(args, name) not in (None, [], False)]
+    if given:
+        raise ConfigError(f"--resume {args.resume} continues the configuration saved in {args.resume}/config.json; "
+                          f"it cannot be combined with {', '.join(given)}")
+    for flag, value in (("--overwrite", args.overwrite), ("--no-checkpoint", args.no_checkpoint)):
+        if value:
+            raise ConfigError(f"--resume cannot be combined with {flag}")
+    if args.out is not None and os.path.normpath(args.out) != os.path.normpath(args.resume):
+        raise ConfigError(f"--resume {args.resume} writes to {args.resume}; it cannot be combined with "
+                          f"--out {args.out}")
+    path = os.path.join(args.resume, "config.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"--resume {args.resume}: {path} does not exist, so there is no run to resume there")
+    cfg = ExperimentConfig.from_json(path)
+    cfg.output = args.resume
+    return cfg
+
+
+def _check_output(cfg: ExperimentConfig, overwrite: bool) -> bool:
+    """Output safety before anything is compiled; returns whether to continue (resume) the run found there."""
+    from asyncfl_jax.experiment import clean_output, output_status
+
+    status = output_status(cfg)
+    out = cfg.output
+    if status.kind == "new":
+        return False
+    if status.kind == "not_a_folder":
+        raise ConfigError(f"invalid option --out = {out!r}: it exists and is not a folder")
+    if overwrite:
+        print(f"asyncfl: --overwrite: deleting the earlier results and checkpoints in {out}")
+        clean_output(out)
+        return False
+    if status.kind == "unfinished":
+        print(f"asyncfl: {out} holds an unfinished run of this configuration: continuing it (finished runs are "
+              "reused; --overwrite starts over)")
+        return True
+    if status.kind == "finished":
+        raise ConfigError(f"{out} already holds the finished results of this configuration; pass --overwrite to run "
+                          f"it again, `asyncfl run --resume {out}` to rewrite the results from the saved runs, or "
+                          "choose another --out")
+    if status.kind == "different":
+        shown = list(status.differences[:8]) + ([f"... ({len(status.differences) - 8} more)"]
+                                                 if len(status.differences) > 8 else [])
+        raise ConfigError(f"{out} holds the results of a different configuration (saved -> this one: "
+                          + "; ".join(shown) + "); choose another --out or pass --overwrite to replace them")
+    raise ConfigError(f"{out} is not empty and holds no asyncfl results (no readable config.json); choose another "
+                      "--out or pass --overwrite to write into it")
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM outside the simulation loop."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):  # noqa: ARG001
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
@@ -190,20 +290,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_algorithms()
         return 0
     try:
-        cfg = _config_from_args(args)
+        cfg = _resumed_config(args) if args.resume is not None else _config_from_args(args)
         if args.print_config:
             print(json.dumps(cfg.to_dict(), indent=2))
             return 0
         validate(cfg)
+        if args.checkpoint_every < 1:
+            raise ConfigError(f"invalid option --checkpoint-every = {args.checkpoint_every}: must be an integer >= 1")
+        resume = True if args.resume is not None else _check_output(cfg, args.overwrite)
     except ConfigError as e:
         print(f"asyncfl: error: {e}", file=sys.stderr)
         return 2
 
+    from asyncfl_jax.checkpoint import CheckpointError, SimulationInterrupted
     from asyncfl_jax.experiment import run_config
 
     print(f"asyncfl: {len(cfg.runs)} run(s), seeds {cfg.seeds}, dataset {cfg.data.name} ({cfg.data.num_clients} "
           f"clients), model {cfg.model.name}; writing to {cfg.output}")
-    histories = run_config(cfg, progress=not args.no_progress, plot=not args.no_plot)
+    try:
+        with _sigterm_interrupts():  # outside the simulation loop (which saves first), SIGTERM stops like Ctrl-C
+            histories = run_config(cfg, progress=not args.no_progress, plot=not args.no_plot, resume=resume,
+                                   checkpoint_every=None if args.no_checkpoint else args.checkpoint_every)
+    except (ConfigError, CheckpointError) as e:
+        print(f"asyncfl: error: {e}", file=sys.stderr)
+        return 2
+    except SimulationInterrupted as e:
+        print(f"asyncfl: {e}", file=sys.stderr)
+        if e.checkpoint_dir is not None:
+            print(f"asyncfl: continue with: asyncfl run --resume {cfg.output}", file=sys.stderr)
+        return 143 if e.reason == "SIGTERM" else 130
+    except KeyboardInterrupt as e:
+        print(f"asyncfl: interrupted{' by SIGTERM' if isinstance(e, _Terminated) else ''}; finished runs are saved, "
+              f"continue with: asyncfl run --resume {cfg.output}", file=sys.stderr)
+        return 143 if isinstance(e, _Terminated) else 130
     for h in histories:
         acc = h.final("test_accuracy")
         stats = h.schedule_stats[0]
@@ -214,8 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (h.diverged_at >= 0).any():
             print(f"  {h.label:>12}: DIVERGED (NaN/inf) in replicas {list(map(int, (h.diverged_at >= 0).nonzero()[0]))}"
                   f" at server steps {[int(d) for d in h.diverged_at if d >= 0]}")
-    print(f"asyncfl: results in {cfg.output}/ (config.json, metrics.csv, summary.json, schedules/"
-          f"{'' if args.no_plot else ', accuracy.png'})")
+    print(f"asyncfl: results in {cfg.output}/ (config.json, environment.json, metrics.csv, summary.json, schedules/"
+          f"{'' if args.no_plot else ', accuracy.png'}{'' if args.no_checkpoint else ', checkpoints/'})")
     return 0
 
 

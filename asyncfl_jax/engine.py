@@ -7,7 +7,9 @@ Each server step ``t`` of the scan does, in order (see :mod:`asyncfl_jax.timing.
    the algorithm's ``client`` turns each result into a message, which waits in the job's pending slot;
 2. *arrival*: the messages of the clients that arrive at step ``t`` are read from their slots and the algorithm's
    ``server`` folds them into the server state, giving ``x_{t+1}``;
-3. *divergence check*: the first step at which ``x`` holds a NaN/inf is recorded.
+3. *divergence check*: the first step at which ``x`` holds a NaN/inf is recorded. :func:`simulate` freezes a
+   replica that has diverged from the end of that chunk on: its state (and so its NaN metrics) no longer changes
+   while the other replicas of the vmapped program go on.
 
 The scan runs in chunks of ``eval_every`` steps; after each chunk the global model is evaluated (test accuracy/loss,
 train loss). :func:`simulate` drives the chunks from a host loop (progress bar, early stop when every replica has
@@ -40,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from asyncfl_jax import checkpoint
 from asyncfl_jax.algorithms.base import Algorithm, ServerMeta
 from asyncfl_jax.client import LOCAL_HPARAMS, LocalConfig, make_local_update
 from asyncfl_jax.results import History, swept_names
@@ -193,12 +196,14 @@ class Program:
     ``init(sched, hp, key, data) -> Carry`` (``sched``: :class:`ScheduleArrays`); ``chunk(carry, steps, hp, key,
     data) -> (Carry, metrics)`` (``steps``: :class:`StepArrays` of the chunk's steps); ``evaluate(flat, data) ->
     metrics``. ``data`` is the task's :class:`TaskArrays`, an argument so that compiled programs do not embed the
-    dataset. None of them has a replica axis.
+    dataset. None of them has a replica axis. ``frozen_chunk`` is ``chunk`` that leaves a replica marked diverged
+    unchanged (the host loop switches to it once a replica has diverged).
     """
 
     init: Callable[..., Carry]
     chunk: Callable[..., tuple[Carry, dict[str, jax.Array]]]
     evaluate: Callable[[jax.Array, TaskArrays], dict[str, jax.Array]]
+    frozen_chunk: Callable[..., tuple[Carry, dict[str, jax.Array]]] | None = None
 
 
 def build_program(
@@ -319,7 +324,15 @@ def build_program(
         carry, _ = jax.lax.scan(body, carry, steps)
         return carry, evaluate(algorithm.params(carry.server), data)
 
-    return Program(init=init, chunk=chunk, evaluate=evaluate)
+    def frozen_chunk(carry: Carry, steps: StepArrays, hp, key: jax.Array, data: TaskArrays):
+        """``chunk``, except that a replica that diverged in an earlier chunk keeps its state unchanged. It keeps the
+        old state beside the new one (one copy of the state per chunk), so it is only used once a replica diverged."""
+        frozen = carry.diverged_at >= 0
+        new, metrics = chunk(carry, steps, hp, key, data)
+        new = jax.tree_util.tree_map(lambda old, updated: jnp.where(frozen, old, updated), carry, new)
+        return new, evaluate(algorithm.params(new.server), data)
+
+    return Program(init=init, chunk=chunk, evaluate=evaluate, frozen_chunk=frozen_chunk)
 
 
 def make_simulation(
@@ -375,6 +388,9 @@ def simulate(
     progress: bool = True,
     label: str | None = None,
     shard_jobs: bool = False,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 1,
+    resume: bool = False,
 ) -> History:
     """Runs an experiment (all replicas as one vmapped program) and returns its :class:`History`.
 
@@ -391,7 +407,22 @@ def simulate(
       shard_jobs: spread the jobs trained together at each step over all devices (``jax.devices()``); on a CPU,
         start Python with ``XLA_FLAGS=--xla_force_host_platform_device_count=<cores>`` to get one device per core.
         Results equal the unsharded run up to float rounding.
+      checkpoint_dir: a folder for checkpoints (:mod:`asyncfl_jax.checkpoint`): the scan state is saved there every
+        ``checkpoint_every`` chunks (of ``eval_every`` steps), after the last chunk, and when Ctrl-C (SIGINT) or
+        SIGTERM stops the run: while the chunks run, the first Ctrl-C or a SIGTERM lets the current chunk finish,
+        saves, and raises :class:`~asyncfl_jax.checkpoint.SimulationInterrupted` (a ``KeyboardInterrupt``); a second
+        Ctrl-C stops at once. None (default): no checkpoints, and the signals keep their usual effect.
+      checkpoint_every: chunks between two checkpoints (>= 1).
+      resume: continue from the checkpoint in ``checkpoint_dir`` when there is one (else start from the beginning).
+        The checkpoint must come from this same run (schedules, replicas, algorithm and options, local training,
+        task shapes and ``x0``, ``eval_every``), else :class:`~asyncfl_jax.checkpoint.CheckpointMismatchError` says
+        what differs. The History then equals that of an uninterrupted run bit for bit (metrics, final parameters;
+        not the timings). With ``resume=False`` an existing checkpoint is ignored and replaced.
     """
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) or checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
+    if resume and checkpoint_dir is None:
+        raise ValueError("resume=True needs a checkpoint_dir to resume from")
     local = local or LocalConfig()
     name = label or algorithm.name
     replicas = make_replicas(algorithm, seeds, hparams)
@@ -417,53 +448,115 @@ def simulate(
     budget.check()
     init_fn = jax.jit(jax.vmap(program.init, in_axes=(sched_axis, 0, 0, None)))
     chunk_fn = jax.jit(jax.vmap(program.chunk, in_axes=(0, sched_axis, 0, 0, None)), donate_argnums=(0,))
+    frozen_chunk_fn = jax.jit(jax.vmap(program.frozen_chunk, in_axes=(0, sched_axis, 0, 0, None)),
+                              donate_argnums=(0,))
     eval_fn = jax.jit(jax.vmap(program.evaluate, in_axes=(0, None)))
 
-    compile_seconds = 0.0
+    num_chunks = -(-T // eval_every)
+    identity, state = None, None
+    if checkpoint_dir is not None:
+        carry_shape = jax.eval_shape(init_fn, sched, hp, keys, data)
+        identity = checkpoint.run_identity(
+            label=name, algorithm=algorithm, local=local, replicas=replicas, schedules=sched, num_slots=num_slots,
+            num_steps=T, eval_every=eval_every, task=task, data=data, carry_shape=carry_shape, shard_jobs=shard_jobs,
+        )
+        if resume:
+            state = checkpoint.load(checkpoint_dir, identity, carry_shape)
+    saved_chunk = None  # next_chunk of the checkpoint on disk, if it is this run's current state
     t0 = time.perf_counter()
-    carry = init_fn(sched, hp, keys, data)
-    first = eval_fn(jax.vmap(algorithm.params)(carry.server), data)
-    jax.block_until_ready(first)
-    compile_seconds += time.perf_counter() - t0
+    if state is None:
+        carry = init_fn(sched, hp, keys, data)
+        first = eval_fn(jax.vmap(algorithm.params)(carry.server), data)
+        jax.block_until_ready(first)
+        state = checkpoint.LoopState(
+            next_chunk=0, eval_steps=[0], metrics={k: [np.asarray(first[k])] for k in METRIC_NAMES}, reported=set(),
+            stopped_early=False, compile_seconds=time.perf_counter() - t0, run_seconds=0.0, carry=carry,
+        )
+    else:  # the same device placement as a fresh run's carry, so the chunks compile to the same programs
+        shardings = init_fn.lower(sched, hp, keys, data).compile().output_shardings if shard_jobs else None
+        state.carry = jax.device_put(state.carry, shardings)
+        state.compile_seconds += time.perf_counter() - t0
+        saved_chunk = state.next_chunk
+        if progress:
+            print(f"{name}: resuming from the checkpoint in {checkpoint_dir} after server step "
+                  f"{state.eval_steps[-1]} of {T}", file=sys.stderr, flush=True)
 
-    eval_steps = [0]
-    metrics = {k: [np.asarray(first[k])] for k in METRIC_NAMES}
     compiled: dict[int, Any] = {}
     loop_compile_seconds = 0.0
-    reported: set[int] = set()
-    stopped_early = False
-    bar = _progress_bar(T, progress, name)
+    checkpoint_seconds = 0.0
+    compile_before, run_before = state.compile_seconds, state.run_seconds
+    bar = _progress_bar(T, progress, name, initial=state.eval_steps[-1])
     start_wall = time.perf_counter()
-    for start in range(0, T, eval_every):
-        stop = min(start + eval_every, T)
-        part = _slice_steps(sched.steps, start, stop, replica_axis=sched_axis == 0)
-        if stop - start not in compiled:
-            tc = time.perf_counter()
-            compiled[stop - start] = chunk_fn.lower(carry, part, hp, keys, data).compile()
-            loop_compile_seconds += time.perf_counter() - tc
-        carry, out = compiled[stop - start](carry, part, hp, keys, data)
-        eval_steps.append(stop)
-        for k in METRIC_NAMES:
-            metrics[k].append(np.asarray(out[k]))
-        bar.update(stop - start)
-        accuracy = np.asarray(out["test_accuracy"])
-        if np.isfinite(accuracy).any():
-            bar.set_postfix(acc=f"{float(np.mean(accuracy[np.isfinite(accuracy)])):.3f}")
-        diverged = np.asarray(carry.diverged_at)
-        for r in sorted(set(np.flatnonzero(diverged >= 0).tolist()) - reported):
-            reported.add(r)
-            warnings.warn(
-                f"{name}: replica {r} (seed={replicas[r].seed}, {_swept_description(replicas, r)}) diverged: the "
-                f"global model became NaN/inf at server step {int(diverged[r])}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        if (diverged >= 0).all():
-            stopped_early = True
-            break
-    bar.close()
-    run_seconds = time.perf_counter() - start_wall - loop_compile_seconds
-    compile_seconds += loop_compile_seconds
+
+    def save_checkpoint() -> None:
+        nonlocal checkpoint_seconds, saved_chunk
+        ts = time.perf_counter()
+        state.compile_seconds = compile_before + loop_compile_seconds
+        state.run_seconds = run_before + ts - start_wall - loop_compile_seconds - checkpoint_seconds
+        checkpoint.save(checkpoint_dir, identity, state, num_chunks)
+        saved_chunk = state.next_chunk
+        checkpoint_seconds += time.perf_counter() - ts
+
+    with checkpoint.stop_on_signals(enabled=checkpoint_dir is not None) as stop:
+        try:
+            while state.next_chunk < num_chunks and not state.stopped_early:
+                start = state.next_chunk * eval_every
+                stop_step = min(start + eval_every, T)
+                part = _slice_steps(sched.steps, start, stop_step, replica_axis=sched_axis == 0)
+                # Once a replica has diverged, it is frozen: its state stays as it was (see Program.frozen_chunk).
+                freeze = bool(state.reported)
+                variant = (stop_step - start, freeze)
+                if variant not in compiled:
+                    tc = time.perf_counter()
+                    fn = frozen_chunk_fn if freeze else chunk_fn
+                    compiled[variant] = fn.lower(state.carry, part, hp, keys, data).compile()
+                    loop_compile_seconds += time.perf_counter() - tc
+                new_carry, out = compiled[variant](state.carry, part, hp, keys, data)
+                out = {k: np.asarray(out[k]) for k in METRIC_NAMES}
+                diverged = np.asarray(new_carry.diverged_at)
+                newly = sorted(set(np.flatnonzero(diverged >= 0).tolist()) - state.reported)
+                state = dataclasses.replace(  # one assignment: the state is always that of a whole number of chunks
+                    state, carry=new_carry, next_chunk=state.next_chunk + 1, eval_steps=[*state.eval_steps, stop_step],
+                    metrics={k: [*v, out[k]] for k, v in state.metrics.items()}, reported=state.reported | set(newly),
+                    stopped_early=bool((diverged >= 0).all()),
+                )
+                bar.update(stop_step - start)
+                accuracy = out["test_accuracy"]
+                if np.isfinite(accuracy).any():
+                    bar.set_postfix(acc=f"{float(np.mean(accuracy[np.isfinite(accuracy)])):.3f}")
+                for r in newly:
+                    warnings.warn(
+                        f"{name}: replica {r} (seed={replicas[r].seed}, {_swept_description(replicas, r)}) diverged: "
+                        f"the global model became NaN/inf at server step {int(diverged[r])}",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                finished = state.stopped_early or state.next_chunk >= num_chunks
+                if checkpoint_dir is not None and (
+                    stop.reason or finished or state.next_chunk % checkpoint_every == 0
+                ):
+                    save_checkpoint()
+                if stop.reason:
+                    raise checkpoint.SimulationInterrupted(name, stop.reason, state.eval_steps[-1], T, checkpoint_dir,
+                                                           saved=True)
+        except KeyboardInterrupt as e:  # raised outside the signal handler (or a second Ctrl-C)
+            if isinstance(e, checkpoint.SimulationInterrupted) or checkpoint_dir is None:
+                raise
+            saved = saved_chunk == state.next_chunk
+            alive = not any(getattr(leaf, "is_deleted", lambda: False)()
+                            for leaf in jax.tree_util.tree_leaves(state.carry))  # a donated carry is gone
+            if not saved and alive:
+                save_checkpoint()
+                saved = True
+            raise checkpoint.SimulationInterrupted(name, "KeyboardInterrupt", state.eval_steps[-1], T,
+                                                   checkpoint_dir, saved=saved) from e
+        finally:
+            bar.close()
+    if checkpoint_dir is not None and saved_chunk != state.next_chunk:  # e.g. resumed from a finished checkpoint
+        save_checkpoint()
+    run_seconds = run_before + time.perf_counter() - start_wall - loop_compile_seconds - checkpoint_seconds
+    compile_seconds = compile_before + loop_compile_seconds
+    carry, eval_steps, metrics, stopped_early = state.carry, state.eval_steps, state.metrics, state.stopped_early
 
     steps = np.asarray(eval_steps)
     times = np.stack([_times_at(s, steps) for s in per_replica])
@@ -477,6 +570,7 @@ def simulate(
         steps=steps,
         times=times,
         uploads=uploads,
+        message_bits=_message_bits(algorithm, task),
         metrics={k: np.stack(v, axis=1) for k, v in metrics.items()},
         seeds=[r.seed for r in replicas],
         hparams=[dict(r.hparams) for r in replicas],
@@ -616,12 +710,21 @@ def _times_at(schedule: Schedule, steps: np.ndarray) -> np.ndarray:
     return times[steps].astype(np.float64)
 
 
+def _message_bits(algorithm: Algorithm, task: Task) -> dict[str, int]:
+    """Bits of one upload: float32 vectors of the model's size, or the compressor's cost."""
+    from asyncfl_jax.algorithms.compression import message_bits
+
+    payload, index = message_bits(algorithm, int(task.model.num_params))
+    return {"payload": int(payload), "index": int(index)}
+
+
 def _uploads_at(schedule: Schedule, steps: np.ndarray) -> np.ndarray:
     cumulative = np.concatenate([[0], np.cumsum(schedule.uploads_per_step)])
     return cumulative[steps].astype(np.int64)
 
 
-def _progress_bar(total: int, enabled: bool, desc: str):
+def _progress_bar(total: int, enabled: bool, desc: str, initial: int = 0):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, disable=not enabled, desc=desc, unit="step", leave=False, dynamic_ncols=True)
+    return tqdm(total=total, initial=initial, disable=not enabled, desc=desc, unit="step", leave=False,
+                dynamic_ncols=True)

@@ -8,23 +8,42 @@ Each step is a public function so the same experiment is a few calls from Python
     for run in cfg.runs:
         schedules = build_schedules(cfg, run)      # one per seed (timing has its own RNG stream)
         history = run_experiment(cfg, run, task, schedules)
+
+:func:`run_config` does all of it and writes the results; with ``write=True`` it checkpoints every run into
+``<output>/checkpoints/<run>/`` and ``resume=True`` continues an interrupted experiment (see the "Checkpoints and
+resume" section of docs/simulator.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import glob
+import json
 import os
-from typing import Sequence
+import sys
+from typing import Any, Sequence
 
 import numpy as np
 
+from asyncfl_jax import checkpoint
 from asyncfl_jax.algorithms import get_algorithm
 from asyncfl_jax.client import LocalConfig
-from asyncfl_jax.config import ExperimentConfig, RunConfig, validate
+from asyncfl_jax.config import ConfigError, ExperimentConfig, RunConfig, validate
 from asyncfl_jax.data.partition import partition as split_clients
 from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.engine import simulate
 from asyncfl_jax.models.core import make_model
-from asyncfl_jax.results import History, write_results
+from asyncfl_jax.results import (
+    History,
+    environment_info,
+    environment_json,
+    load_history,
+    remove_history,
+    save_history,
+    write_atomic,
+    write_results,
+)
 from asyncfl_jax.task import Task, make_task
 from asyncfl_jax.timing.protocols import make_schedule
 from asyncfl_jax.timing.schedule import Schedule
@@ -105,9 +124,17 @@ def concurrency(run: RunConfig, num_clients: int) -> int:
 
 
 def run_experiment(
-    cfg: ExperimentConfig, run: RunConfig, task: Task, schedules: Sequence[Schedule], progress: bool = True
+    cfg: ExperimentConfig,
+    run: RunConfig,
+    task: Task,
+    schedules: Sequence[Schedule],
+    progress: bool = True,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 1,
+    resume: bool = False,
 ) -> History:
-    """Simulates one run (all its seeds and swept hyper-parameters as one vmapped program)."""
+    """Simulates one run (all its seeds and swept hyper-parameters as one vmapped program); the checkpoint arguments
+    are those of :func:`~asyncfl_jax.engine.simulate`."""
     algorithm = get_algorithm(run.algorithm, **run.options)
     local = LocalConfig(
         steps=cfg.local.steps,
@@ -129,20 +156,153 @@ def run_experiment(
         progress=progress,
         label=run.name,
         shard_jobs=cfg.shard_jobs,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
     )
 
 
-def run_config(cfg: ExperimentConfig, progress: bool = True, write: bool = True, plot: bool = True) -> list[History]:
-    """Validates, runs every run of the experiment and (optionally) writes the results to ``cfg.output``."""
+def checkpoint_dir_for(output: str, run: RunConfig) -> str:
+    """Where a run of an experiment written to ``output`` keeps its checkpoint and, once finished, its History."""
+    return os.path.join(output, "checkpoints", run.name)
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """A resolved configuration without its output folder, as plain JSON values."""
+    return {k: v for k, v in json.loads(json.dumps(config)).items() if k != "output"}
+
+
+def config_differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    """The options in which two configurations (nested dicts) differ, as ``name: saved -> current`` lines."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        out = []
+        for key in sorted(set(saved) | set(current), key=str):
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key not in saved or key not in current:
+                out.append(f"{name}: {json.dumps(saved.get(key))} -> {json.dumps(current.get(key))}")
+            else:
+                out.extend(config_differences(saved[key], current[key], name))
+        return out
+    if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
+        return [d for i, (a, b) in enumerate(zip(saved, current)) for d in config_differences(a, b, f"{prefix}[{i}]")]
+    return [] if saved == current else [f"{prefix}: {json.dumps(saved)} -> {json.dumps(current)}"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputStatus:
+    """What an output folder holds, as seen by ``asyncfl run --out``.
+
+    ``kind``: "new" (missing or empty), "unfinished" (an unfinished run of the same configuration: it can be
+    continued), "finished" (the finished results of the same configuration), "different" (results of another
+    configuration; ``differences`` lists the options), "foreign" (not empty and not an asyncfl output folder) or
+    "not_a_folder".
+    """
+
+    kind: str
+    differences: tuple[str, ...] = ()
+
+
+def output_status(cfg: ExperimentConfig) -> OutputStatus:
+    """Classifies ``cfg.output`` (see :class:`OutputStatus`); the configurations are compared without ``output``."""
+    out = cfg.output
+    if not os.path.exists(out):
+        return OutputStatus("new")
+    if not os.path.isdir(out):
+        return OutputStatus("not_a_folder")
+    if not os.listdir(out):
+        return OutputStatus("new")
+    try:
+        with open(os.path.join(out, "config.json")) as f:
+            saved = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return OutputStatus("foreign")
+    if not isinstance(saved, dict):
+        return OutputStatus("foreign")
+    differences = config_differences(_comparable(saved), _comparable(cfg.to_dict()))
+    if differences:
+        return OutputStatus("different", tuple(differences))
+    return OutputStatus("finished" if os.path.exists(os.path.join(out, "summary.json")) else "unfinished")
+
+
+OUTPUT_FILES = ("config.json", "environment.json", "metrics.csv", "summary.json", "accuracy.png")
+
+
+def clean_output(output: str) -> None:
+    """Deletes what ``asyncfl run`` writes to ``output`` (result files, schedules, checkpoints, saved Histories) and
+    nothing else, so that a run can start over there."""
+    for name in OUTPUT_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(output, name))
+    for path in glob.glob(os.path.join(output, "schedules", "*-seed*.npz")):
+        os.remove(path)
+    for folder in glob.glob(os.path.join(output, "checkpoints", "*")):
+        if os.path.isdir(folder):
+            checkpoint.clear(folder)
+            remove_history(folder)
+            for tmp in glob.glob(os.path.join(folder, ".tmp-*")):
+                os.remove(tmp)
+    for folder in (*glob.glob(os.path.join(output, "checkpoints", "*")), os.path.join(output, "checkpoints"),
+                   os.path.join(output, "schedules")):
+        with contextlib.suppress(OSError):  # only when empty
+            os.rmdir(folder)
+
+
+def run_config(
+    cfg: ExperimentConfig,
+    progress: bool = True,
+    write: bool = True,
+    plot: bool = True,
+    checkpoint_every: int | None = 1,
+    resume: bool = False,
+) -> list[History]:
+    """Validates, runs every run of the experiment and (optionally) writes the results to ``cfg.output``.
+
+    With ``write``, ``config.json`` and ``environment.json`` are written first (so that a killed run can be
+    resumed), then each run saves its schedules, checkpoints every ``checkpoint_every`` evaluation chunks into
+    ``<output>/checkpoints/<run>/`` (None: no checkpoints) and, when it finishes, saves its History there (and
+    deletes its checkpoint). ``resume=True`` continues an interrupted experiment: the saved Histories of finished
+    runs are reused, the unfinished run continues from its checkpoint, and the results equal those of an
+    uninterrupted run (timings aside). It refuses (``ConfigError``) an output folder whose ``config.json`` holds
+    another configuration.
+    """
     validate(cfg)
+    environment = environment_info() if write else None
+    config = cfg.to_dict()
+    checkpointing = write and checkpoint_every is not None
+    if checkpointing and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
+                          or checkpoint_every < 1):
+        raise ConfigError(f"invalid option checkpoint_every = {checkpoint_every!r}: must be an integer >= 1")
+    if write:
+        if resume:
+            status = output_status(cfg)
+            if status.kind == "different":
+                raise ConfigError(f"cannot resume in {cfg.output}: it holds a different configuration ("
+                                  + "; ".join(status.differences) + ")")
+        write_atomic(os.path.join(cfg.output, "config.json"), json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_atomic(os.path.join(cfg.output, "environment.json"), environment_json(environment, config))
     task = build_task(cfg)
     histories = []
     for run in cfg.runs:
         schedules = build_schedules(cfg, run)
-        histories.append(run_experiment(cfg, run, task, schedules, progress=progress))
         if write:  # the exact arrival schedules, so the run can be replayed (runs[i].schedule_files)
             for seed, schedule in zip(cfg.seeds, schedules):
                 schedule.save(os.path.join(cfg.output, "schedules", f"{run.name}-seed{seed}.npz"))
+        folder = checkpoint_dir_for(cfg.output, run) if checkpointing else None
+        meta = {"config": _comparable(config), "run": run.name}
+        history = load_history(folder, meta) if folder is not None and resume else None
+        if history is not None:
+            if progress:
+                print(f"{run.name}: finished earlier; its History is loaded from {folder}", file=sys.stderr,
+                      flush=True)
+        else:
+            if folder is not None:
+                remove_history(folder)  # never reuse a History of an earlier configuration
+            history = run_experiment(cfg, run, task, schedules, progress=progress, checkpoint_dir=folder,
+                                     checkpoint_every=checkpoint_every or 1, resume=resume)
+            if folder is not None:
+                save_history(history, folder, meta)
+                checkpoint.clear(folder)  # the History holds all that is left to know
+        histories.append(history)
     if write:
-        write_results(cfg.output, cfg.to_dict(), histories, plot=plot)
+        write_results(cfg.output, config, histories, plot=plot, environment=environment)
     return histories

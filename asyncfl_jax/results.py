@@ -3,30 +3,39 @@
 Results schema (one output folder per ``asyncfl run``):
 
 * ``config.json``: the resolved configuration (every option, defaults filled in).
+* ``environment.json``: what produced the results: versions of Python, asyncfl_jax, jax, jaxlib, flax, optax and
+  numpy, the JAX backend, the device kinds and count, the operating system, and the resolved configuration.
 * ``metrics.csv``: one row per (run, replica, evaluation) with columns
   ``run, algorithm, replica, seed, <swept hyper-parameters...>, step, time, uploads, test_accuracy, test_loss,
   train_loss``. ``step`` is the number of server steps applied, ``time`` the virtual time, ``uploads`` the number of
   client results the server has received.
 * ``summary.json``: per run: algorithm and options, replicas (seed and hyper-parameters), final and best accuracy,
   divergence step per replica (-1: none), staleness and participation statistics of the schedule, compile and run
-  seconds.
+  seconds; and, at the top level, ``environment`` (as in environment.json) and ``config``.
 * ``schedules/<run>-seed<s>.npz``: the exact arrival schedule of each run and seed (``Schedule.load``; replay it with
   ``runs[i].schedule_files``).
 * ``accuracy.png``: test accuracy against virtual time, server step and client uploads (mean over replicas, min-max
   band).
 
-Every file is written atomically (temporary file in the same folder, then rename).
+* ``checkpoints/<run>/``: ``history.npz`` + ``history.json`` of each finished run (reused by ``asyncfl run --resume``)
+  and, while a run is unfinished, its checkpoint (``checkpoint.json`` + ``state-<chunk>.npz``, see
+  :mod:`asyncfl_jax.checkpoint`).
+
+Every file is written atomically (temporary file in the same folder, ``fsync``, then rename).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
+import hashlib
 import io
 import json
 import os
+import platform
 import tempfile
-from typing import Any, Sequence
+from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
@@ -56,6 +65,8 @@ class History:
       compile_seconds: time to compile (including running the initial jobs); ``run_seconds``: time of the scan.
       final_params: float [R, d] final global models (kept in memory, not written to the CSV).
       memory: the memory budget printed before the run (bytes of server, client and in-flight state, data).
+      message_bits: bits of one upload, ``{"payload": ..., "index": ...}`` (index: the positions a sparsifying
+        compressor sends; 0 otherwise); ``upload_bits`` / ``upload_bits_with_index`` are the cumulative totals.
     """
 
     label: str
@@ -75,6 +86,7 @@ class History:
     run_seconds: float = 0.0
     memory: dict[str, Any] | None = None
     final_params: np.ndarray | None = None
+    message_bits: dict[str, int] | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -84,6 +96,35 @@ class History:
     def swept(self) -> list[str]:
         """Hyper-parameters that differ between replicas."""
         return swept_names(self.hparams)
+
+    @property
+    def upload_bits(self) -> np.ndarray:
+        """float [R, E]: bits uploaded by then (payload only)."""
+        bits = (self.message_bits or {"payload": 0})["payload"]
+        return self.uploads.astype(np.float64) * bits
+
+    @property
+    def upload_bits_with_index(self) -> np.ndarray:
+        """float [R, E]: bits uploaded by then, including the index cost of sparse messages."""
+        m = self.message_bits or {"payload": 0, "index": 0}
+        return self.uploads.astype(np.float64) * (m["payload"] + m["index"])
+
+    def to_reach(self, target: float, metric: str = "test_accuracy", by: str = "upload_bits") -> np.ndarray:
+        """float [R]: the first ``by`` (``"upload_bits"``, ``"upload_bits_with_index"``, ``"uploads"``, ``"time"``
+        or ``"step"``) at which ``metric`` reached ``target`` (``>=``; ``<=`` for losses), per replica; NaN if never.
+
+        E.g. ``history.to_reach(0.8)`` is the upload volume needed to reach 80% test accuracy (the measure of the
+        compressed-FL papers' tables).
+        """
+        axes = {"upload_bits": self.upload_bits, "upload_bits_with_index": self.upload_bits_with_index,
+                "uploads": self.uploads, "time": self.times, "step": np.broadcast_to(self.steps, self.uploads.shape)}
+        if by not in axes:
+            raise ValueError(f"by must be one of {sorted(axes)}, got {by!r}")
+        values = self.metrics[metric]
+        reached = values <= target if metric.endswith("loss") else values >= target
+        first = np.argmax(reached, axis=1)
+        out = np.asarray(axes[by], dtype=np.float64)[np.arange(values.shape[0]), first]
+        return np.where(reached.any(axis=1), out, np.nan)
 
     def final(self, metric: str = "test_accuracy") -> np.ndarray:
         """The metric at the last evaluation, per replica."""
@@ -122,6 +163,8 @@ class History:
             "compile_seconds": round(self.compile_seconds, 3),
             "run_seconds": round(self.run_seconds, 3),
             "memory": self.memory,
+            "message_bits": self.message_bits,
+            "upload_bits": _floats(self.upload_bits[:, -1]) if self.message_bits else None,
         }
 
 
@@ -130,19 +173,45 @@ def _floats(a: np.ndarray) -> list[float | None]:
 
 
 # ---------------------------------------------------------------------------------------------------- files
-def write_atomic(path: str, data: str | bytes) -> None:
-    """Writes ``data`` to ``path`` through a temporary file in the same folder and an atomic rename."""
+@contextlib.contextmanager
+def atomic_file(path: str) -> Iterator[BinaryIO]:
+    """A binary file that becomes ``path`` only when the block ends without an error: it is written as a temporary
+    file in the same folder, flushed to disk (``fsync``) and renamed over ``path`` (``os.replace``, atomic); the
+    folder is then synced so that the rename itself survives a crash. On an error the temporary file is removed and
+    ``path`` is untouched."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. a platform where folders cannot be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, data: str | bytes) -> None:
+    """Writes ``data`` to ``path`` through a temporary file in the same folder, ``fsync`` and an atomic rename."""
+    with atomic_file(path) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
 
 
 def metrics_csv(histories: Sequence[History]) -> str:
@@ -163,23 +232,138 @@ def read_metrics_csv(path: str) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def write_results(out_dir: str, config: dict[str, Any], histories: Sequence[History], plot: bool = True) -> list[str]:
-    """Writes config.json, metrics.csv, summary.json and (optionally) accuracy.png; returns the paths."""
+def write_results(out_dir: str, config: dict[str, Any], histories: Sequence[History], plot: bool = True,
+                  environment: dict[str, Any] | None = None) -> list[str]:
+    """Writes config.json, environment.json, metrics.csv, summary.json and (optionally) accuracy.png; returns the
+    paths. ``environment`` defaults to :func:`environment_info` (package versions, JAX backend, devices)."""
     os.makedirs(out_dir, exist_ok=True)
+    environment = environment_info() if environment is None else environment
     paths = {
         "config": os.path.join(out_dir, "config.json"),
+        "environment": os.path.join(out_dir, "environment.json"),
         "metrics": os.path.join(out_dir, "metrics.csv"),
         "summary": os.path.join(out_dir, "summary.json"),
     }
     write_atomic(paths["config"], json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_atomic(paths["environment"], environment_json(environment, config))
     write_atomic(paths["metrics"], metrics_csv(histories))
-    write_atomic(paths["summary"], json.dumps({"runs": [h.summary() for h in histories]}, indent=2) + "\n")
+    summary = {"runs": [h.summary() for h in histories], "environment": environment, "config": config}
+    write_atomic(paths["summary"], json.dumps(summary, indent=2) + "\n")
     written = list(paths.values())
     if plot:
         png = os.path.join(out_dir, "accuracy.png")
         plot_accuracy(histories, png)
         written.append(png)
     return written
+
+
+# ---------------------------------------------------------------------------------------------------- reproducibility
+ENVIRONMENT_PACKAGES = (("asyncfl_jax", "asyncfl-jax"), ("jax", "jax"), ("jaxlib", "jaxlib"), ("flax", "flax"),
+                        ("optax", "optax"), ("numpy", "numpy"))
+
+
+def environment_info() -> dict[str, Any]:
+    """What produced a result: versions of Python, this package, jax, jaxlib, flax, optax and numpy, the JAX backend
+    and the kinds of its devices, and the operating system."""
+    import importlib.metadata as metadata
+    import sys
+
+    import jax
+
+    info: dict[str, Any] = {"python": platform.python_version()}
+    for module, dist in ENVIRONMENT_PACKAGES:
+        version = None
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            version = getattr(loaded, "__version__", None)
+        if version is None:
+            try:
+                version = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                version = "not installed"
+        info[module] = str(version)
+    devices = jax.devices()
+    info.update(jax_backend=jax.default_backend(), device_kinds=sorted({d.device_kind for d in devices}),
+                device_count=len(devices), platform=platform.platform())
+    return info
+
+
+def environment_json(environment: dict[str, Any], config: dict[str, Any]) -> str:
+    """The text of ``environment.json``: the environment and the resolved configuration."""
+    return json.dumps({**environment, "config": config}, indent=2, sort_keys=True) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------- History files
+HISTORY_FORMAT = 1
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"{type(o).__name__} is not JSON serialisable")
+
+
+def save_history(history: History, directory: str, meta: Any = None) -> list[str]:
+    """Saves ``history`` as ``history.npz`` (its arrays, bit for bit) and ``history.json`` (everything else, the
+    SHA-256 of the npz and ``meta``, any JSON value), both atomically, the JSON last; :func:`load_history` reads them
+    back."""
+    arrays: dict[str, np.ndarray] = {}
+    fields: dict[str, Any] = {}
+    array_dicts: dict[str, list[str]] = {}
+    for f in dataclasses.fields(History):
+        value = getattr(history, f.name)
+        if isinstance(value, np.ndarray):
+            arrays[f"array__{f.name}"] = value
+        elif isinstance(value, dict) and value and all(isinstance(v, np.ndarray) for v in value.values()):
+            array_dicts[f.name] = list(value)
+            arrays.update({f"dict__{f.name}__{k}": v for k, v in value.items()})
+        else:
+            fields[f.name] = value
+    npz = os.path.join(directory, "history.npz")
+    with atomic_file(npz) as fh:
+        np.savez(fh, **arrays)
+    with open(npz, "rb") as fh:
+        digest = hashlib.sha256(fh.read()).hexdigest()
+    record = {"format": HISTORY_FORMAT, "fields": fields, "array_dicts": array_dicts, "npz_sha256": digest,
+              "meta": meta}
+    path = os.path.join(directory, "history.json")
+    write_atomic(path, json.dumps(record, indent=1, default=_json_default) + "\n")
+    return [npz, path]
+
+
+def load_history(directory: str, meta: Any = None) -> History | None:
+    """The History saved by :func:`save_history` in ``directory``; None when there is none, it is incomplete, or
+    (when ``meta`` is given) it was saved with another ``meta``."""
+    path = os.path.join(directory, "history.json")
+    npz = os.path.join(directory, "history.npz")
+    try:
+        with open(path) as f:
+            record = json.load(f)
+        with open(npz, "rb") as f:
+            blob = f.read()
+    except (OSError, json.JSONDecodeError):
+        return None
+    if record.get("format") != HISTORY_FORMAT or hashlib.sha256(blob).hexdigest() != record.get("npz_sha256"):
+        return None
+    if meta is not None and record.get("meta") != json.loads(json.dumps(meta, default=_json_default)):
+        return None
+    kwargs = dict(record["fields"])
+    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+        for key in z.files:
+            if key.startswith("array__"):
+                kwargs[key[len("array__"):]] = z[key]
+        for name, keys in record["array_dicts"].items():
+            kwargs[name] = {k: z[f"dict__{name}__{k}"] for k in keys}
+    return History(**kwargs)
+
+
+def remove_history(directory: str) -> None:
+    """Deletes the History files of ``directory`` (if any)."""
+    for name in ("history.json", "history.npz"):  # the record first: a lone npz is never read
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(directory, name))
 
 
 # ---------------------------------------------------------------------------------------------------- plots

@@ -23,7 +23,7 @@ from asyncfl_jax import (
     task_arrays,
 )
 from asyncfl_jax.data import synthetic_leaf
-from asyncfl_jax.engine import default_hparams, make_replicas
+from asyncfl_jax.engine import build_program, default_hparams, make_replicas, stack_hparams
 from asyncfl_jax.results import read_metrics_csv, write_results
 from asyncfl_jax.timing import DelayModel
 
@@ -102,6 +102,23 @@ def test_divergence_is_detected_with_its_step(mlp_task, schedule):
     assert not h.stopped_early  # the healthy replica finished
 
 
+def test_a_diverged_replica_is_frozen_while_the_others_go_on(mlp_task, schedule):
+    """Program.frozen_chunk (which simulate uses once a replica diverged) leaves the whole carry of a replica marked
+    diverged unchanged (bitwise), under vmap, while the others go on."""
+    program = build_program(mlp_task, fedbuff(), LOCAL, schedule.num_slots)
+    sched = schedule_arrays(schedule)
+    hp = stack_hparams(make_replicas(fedbuff(), [0, 1]))
+    keys = jnp.stack([jax.random.PRNGKey(0), jax.random.PRNGKey(1)])
+    data = task_arrays(mlp_task)
+    carry = jax.vmap(program.init, in_axes=(None, 0, 0, None))(sched, hp, keys, data)
+    carry = carry._replace(diverged_at=jnp.asarray([-1, 3], jnp.int32))  # replica 1 diverged earlier
+    steps = jax.tree_util.tree_map(lambda a: a[:10], sched.steps)
+    after, _ = jax.vmap(program.frozen_chunk, in_axes=(0, None, 0, 0, None))(carry, steps, hp, keys, data)
+    for old, new in zip(jax.tree_util.tree_leaves(carry), jax.tree_util.tree_leaves(after)):
+        np.testing.assert_array_equal(np.asarray(new)[1], np.asarray(old)[1])
+    assert not np.array_equal(np.asarray(after.server.x)[0], np.asarray(carry.server.x)[0])  # replica 0 moved
+
+
 def test_run_stops_when_every_replica_diverged(mlp_task, schedule):
     with pytest.warns(RuntimeWarning, match="diverged"):
         h = simulate(mlp_task, fedbuff(), schedule, LOCAL, seeds=[0], hparams={"client_lr": 1e20}, eval_every=5,
@@ -151,8 +168,8 @@ def test_server_update_callable_on_a_users_own_state():
 def test_history_rows_and_results_files(task, schedule, tmp_path):
     h = simulate(task, fedbuff(), schedule, LOCAL, seeds=[0, 1], eval_every=20, progress=False)
     paths = write_results(str(tmp_path / "out"), {"note": "test"}, [h])
-    assert sorted(os.path.basename(p) for p in paths) == ["accuracy.png", "config.json", "metrics.csv",
-                                                          "summary.json"]
+    assert sorted(os.path.basename(p) for p in paths) == ["accuracy.png", "config.json", "environment.json",
+                                                          "metrics.csv", "summary.json"]
     rows = read_metrics_csv(str(tmp_path / "out" / "metrics.csv"))
     assert len(rows) == 2 * 3  # 2 replicas x evaluations after 0, 20, 40 steps
     assert {"run", "replica", "seed", "step", "time", "uploads", "test_accuracy", "test_loss", "train_loss"} <= set(rows[0])
