@@ -564,3 +564,27 @@ def test_cannot_wrap_twice():
     with pytest.raises(ValueError, match="local model"):
         compressed(fedasync())
     assert ca2fl().options.get("compressor") is None
+
+
+def test_history_counts_upload_bits_and_the_volume_to_reach_an_accuracy():
+    """Communication accounting: bits per message from the compressor, cumulative bits, and ``to_reach``."""
+    from asyncfl_jax.engine import simulate
+
+    schedule = make_schedule("all_active", N, 30, DELAYS, seed=3)
+    d = TASK.model.num_params
+    plain = simulate(TASK, asynfl(), schedule, local=LocalConfig(steps=2, batch_size=None),
+                     hparams={"client_lr": 0.3}, eval_every=5, progress=False)
+    sparse = simulate(TASK, asynflc_ef(compressor="top_k", k=3), schedule, local=LocalConfig(steps=2, batch_size=None),
+                      hparams={"client_lr": 0.3}, eval_every=5, progress=False)
+    index_bits = 3 * int(np.ceil(np.log2(d)))
+    assert plain.message_bits == {"payload": 32 * d, "index": 0}
+    assert sparse.message_bits == {"payload": 32 * 3, "index": index_bits}
+    np.testing.assert_array_equal(sparse.upload_bits, sparse.uploads * 96.0)
+    np.testing.assert_array_equal(sparse.upload_bits_with_index, sparse.uploads * (96.0 + index_bits))
+    acc = plain.metrics["test_accuracy"][0]
+    target = float(np.max(acc))
+    first = int(np.argmax(acc >= target))
+    assert plain.to_reach(target)[0] == plain.uploads[0, first] * 32.0 * d
+    assert plain.to_reach(target, by="step")[0] == plain.steps[first]
+    assert np.isnan(plain.to_reach(1.5)[0])  # never reached
+    assert plain.summary()["upload_bits"] == [float(plain.uploads[0, -1] * 32 * d)]
