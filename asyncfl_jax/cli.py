@@ -31,19 +31,11 @@ import threading
 from typing import Any, Sequence
 
 from asyncfl_jax.algorithms import REGISTRY
-from asyncfl_jax.config import ConfigError, ExperimentConfig, set_option, validate
+from asyncfl_jax.config import ConfigError, ExperimentConfig, parse_value, set_option, validate
 
 
 def _parse_list(text: str, cast=float) -> list:
     return [cast(v) for v in text.split(",") if v.strip()]
-
-
-def _parse_scalar(text: str) -> Any:
-    """A JSON value (number, true/false) when the text is one, else the text itself (``int8`` stays a string)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -163,7 +155,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
             if "=" not in item:
                 raise ConfigError(f"invalid option --option = {item!r}: expected NAME=VALUE")
             name, text = (part.strip() for part in item.split("=", 1))
-            run.setdefault("options", {})[name] = _parse_scalar(text)
+            run.setdefault("options", {})[name] = parse_value(text)
         for item in args.hparam:
             if "=" not in item:
                 raise ConfigError(f"invalid option --hparam = {item!r}: expected NAME=VALUE[,VALUE...]")

@@ -245,6 +245,14 @@ def _build(cls, raw: Any, prefix: str):
     return cls(**kwargs)
 
 
+def parse_value(text: str) -> Any:
+    """A command-line value: JSON when it parses (numbers, true/false, lists), else the text itself (``int8``)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def set_option(raw: dict[str, Any], assignment: str) -> None:
     """Applies ``section.key=value`` (value parsed as JSON when it can be, else kept as a string) to nested dicts.
 
@@ -253,10 +261,7 @@ def set_option(raw: dict[str, Any], assignment: str) -> None:
     if "=" not in assignment:
         raise ConfigError(f"--set expects KEY=VALUE, got {assignment!r}")
     key, text = assignment.split("=", 1)
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        value = text
+    value = parse_value(text)
     parts = key.strip().split(".")
     targets = [raw]
     if parts[0] == "runs" and len(parts) > 1:

@@ -44,6 +44,7 @@ import numpy as np
 
 from asyncfl_jax import checkpoint
 from asyncfl_jax.algorithms.base import Algorithm, ServerMeta
+from asyncfl_jax.algorithms.compression import message_bits
 from asyncfl_jax.client import LOCAL_HPARAMS, LocalConfig, make_local_update
 from asyncfl_jax.results import History, swept_names
 from asyncfl_jax.task import Task, TaskArrays, make_evaluator, task_arrays
@@ -317,18 +318,21 @@ def build_program(
         diverged_at = jnp.where((carry.diverged_at < 0) & ~finite, s.step, carry.diverged_at)
         return carry._replace(server=server, diverged_at=diverged_at)
 
-    def chunk(carry: Carry, steps: StepArrays, hp, key: jax.Array, data: TaskArrays):
+    def advance(carry: Carry, steps: StepArrays, hp, key: jax.Array, data: TaskArrays) -> Carry:
         def body(c, s):
             return step(c, s, hp, key, data), None
 
-        carry, _ = jax.lax.scan(body, carry, steps)
+        return jax.lax.scan(body, carry, steps)[0]
+
+    def chunk(carry: Carry, steps: StepArrays, hp, key: jax.Array, data: TaskArrays):
+        carry = advance(carry, steps, hp, key, data)
         return carry, evaluate(algorithm.params(carry.server), data)
 
     def frozen_chunk(carry: Carry, steps: StepArrays, hp, key: jax.Array, data: TaskArrays):
         """``chunk``, except that a replica that diverged in an earlier chunk keeps its state unchanged. It keeps the
         old state beside the new one (one copy of the state per chunk), so it is only used once a replica diverged."""
         frozen = carry.diverged_at >= 0
-        new, metrics = chunk(carry, steps, hp, key, data)
+        new = advance(carry, steps, hp, key, data)
         new = jax.tree_util.tree_map(lambda old, updated: jnp.where(frozen, old, updated), carry, new)
         return new, evaluate(algorithm.params(new.server), data)
 
@@ -712,8 +716,6 @@ def _times_at(schedule: Schedule, steps: np.ndarray) -> np.ndarray:
 
 def _message_bits(algorithm: Algorithm, task: Task) -> dict[str, int]:
     """Bits of one upload: float32 vectors of the model's size, or the compressor's cost."""
-    from asyncfl_jax.algorithms.compression import message_bits
-
     payload, index = message_bits(algorithm, int(task.model.num_params))
     return {"payload": int(payload), "index": int(index)}
 

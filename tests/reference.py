@@ -231,6 +231,8 @@ class ACEReference:
     """ACE (all-client gradient caching): ``U[c] <- store(g)`` for every arrival in order (a client arriving twice
     keeps its last), then ``x <- x - eta (1/n) sum_{i=1..n} U_i``: every client's latest gradient, every step."""
 
+    direction = -1.0  # gradients: step against them
+
     def __init__(self, num_clients: int, dim: int, server_lr: float, store: Callable = cache_store("float32")):
         self.cache = np.zeros((num_clients, dim))
         self.lr, self.store = server_lr, store
@@ -238,7 +240,7 @@ class ACEReference:
     def __call__(self, x, t, arrivals):
         for a in arrivals:
             self.cache[a.client] = self.store(a.message)
-        return x - self.lr * self.cache.mean(axis=0)
+        return x + self.direction * self.lr * self.cache.mean(axis=0)
 
 
 class ACEDReference:
@@ -339,18 +341,11 @@ def as_fedavg_step():
     return step
 
 
-class MIFAReference:
+class MIFAReference(ACEReference):
     """MIFA: a cache ``G`` (zeros) of every client's latest delta; ``G[c] <- store(Delta)`` for the arrivals, then
-    ``x <- x + eta (1/n) sum_i G_i`` at every step."""
+    ``x <- x + eta (1/n) sum_i G_i`` at every step (ACE's rule on deltas, which point downhill)."""
 
-    def __init__(self, num_clients: int, dim: int, server_lr: float, store: Callable = cache_store("float32")):
-        self.cache = np.zeros((num_clients, dim))
-        self.lr, self.store = server_lr, store
-
-    def __call__(self, x, t, arrivals):
-        for a in arrivals:
-            self.cache[a.client] = self.store(a.message)
-        return x + self.lr * self.cache.mean(axis=0)
+    direction = 1.0
 
 
 class CachedCA2FLReference:

@@ -12,43 +12,19 @@ import numpy as np
 import pytest
 
 import reference as ref
+from support import CLASSES, FEATURES, toy_problem
 from asyncfl_jax.algorithms import ace, asgd, ca2fl, fedasync, fedavg, fedbuff, mifa
 from asyncfl_jax.client import LocalConfig
-from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.algorithms import ServerMeta
 from asyncfl_jax.engine import default_hparams, make_simulation, schedule_arrays, simulate
 from asyncfl_jax.task import task_arrays
-from asyncfl_jax.models.core import model_from_apply
-from asyncfl_jax.task import make_task
 from asyncfl_jax.timing import DelayModel, make_schedule
 
-NUM_CLIENTS, FEATURES, CLASSES = 6, 5, 3
+NUM_CLIENTS = 6
 DELAYS = DelayModel(speed="uniform", speed_low=1.0, speed_high=4.0, noise="exponential")
 
 
-def _problem(seed: int = 0):
-    """A small non-IID classification problem: client i's inputs are shifted by a client-specific mean."""
-    rng = np.random.default_rng(seed)
-    sizes = rng.integers(4, 12, size=NUM_CLIENTS)
-    xs, ys, parts, start = [], [], [], 0
-    true_w = rng.normal(size=(FEATURES, CLASSES))
-    for i, m in enumerate(sizes):
-        x = rng.normal(loc=0.5 * i, size=(m, FEATURES)).astype(np.float32) / 3
-        y = np.argmax(x @ true_w + rng.normal(scale=0.5, size=(m, CLASSES)), axis=1).astype(np.int32)
-        xs.append(x), ys.append(y), parts.append(np.arange(start, start + m))
-        start += m
-    x_all, y_all = np.concatenate(xs), np.concatenate(ys)
-    dataset = Dataset("toy", x_all, y_all, x_all[:10], y_all[:10], CLASSES)
-    params = {"W": jnp.asarray(rng.normal(scale=0.1, size=(FEATURES, CLASSES)), jnp.float32),
-              "b": jnp.zeros((CLASSES,), jnp.float32)}
-    model = model_from_apply(lambda p, x: x.reshape(x.shape[0], -1) @ p["W"] + p["b"], params, "logreg")
-    task = make_task(dataset, parts, model)
-    client_data = [(xs[i].astype(np.float64), ys[i]) for i in range(NUM_CLIENTS)]
-    x0 = np.concatenate([np.asarray(params["W"]).ravel(), np.asarray(params["b"])]).astype(np.float64)
-    return task, client_data, x0
-
-
-TASK, CLIENT_DATA, X0 = _problem()
+TASK, CLIENT_DATA, X0 = toy_problem(NUM_CLIENTS)
 REF_MODEL = ref.LogReg(FEATURES, CLASSES)
 STEPS, LR = 3, 0.3
 

@@ -28,6 +28,7 @@ from asyncfl_jax.timing import (
 )
 from asyncfl_jax.timing.protocols import _concurrent_event_loop, _general_event_loop
 from asyncfl_jax.timing.schedule import _ARRAY_FIELDS
+from support import replay_jobs
 
 CA2FL = DelayModel()
 # Durations made of products and sums of uniforms only (no log/cos): bit-identical on every platform.
@@ -66,33 +67,6 @@ def digest(s: Schedule) -> str:
     return h.hexdigest()[:16]
 
 
-def replay(s: Schedule) -> list[dict]:
-    """Every job (client, version, dispatch row, start, arrival step/time) by replaying the slot protocol. A slot that
-    is written again before it is read held a discarded job (arrival None)."""
-    jobs: list[dict] = []
-    holder: dict[int, int] = {}
-
-    def start(c: int, slot: int, version: int, when: float) -> None:
-        holder[slot] = len(jobs)
-        jobs.append({"client": c, "version": version, "start": when, "step": None, "arrival": None})
-
-    for c, slot in zip(s.init_clients.tolist(), s.init_slots.tolist()):
-        if c >= 0:
-            start(c, slot, 0, s.init_time)
-    for t in range(s.num_steps):
-        for j in range(s.dispatch_width):
-            c = int(s.dispatch_clients[t, j])
-            if c >= 0:
-                start(c, int(s.dispatch_slots[t, j]), t, float(s.dispatch_times[t, j]))
-        for j in range(s.buffer_width):
-            c = int(s.arrival_clients[t, j])
-            if c >= 0:
-                job = jobs[holder.pop(int(s.arrival_slots[t, j]))]
-                assert job["client"] == c and job["version"] == s.arrival_versions[t, j]
-                job["step"], job["arrival"] = t, float(s.arrival_times[t, j])
-    return jobs
-
-
 def check_schedule(s: Schedule, delays: DelayModel, n: int, seed: int, clock: bool, all_active_: bool) -> None:
     """Invariants of every schedule built with dropouts, suspensions and/or a clock."""
     s.validate()
@@ -125,7 +99,7 @@ def check_schedule(s: Schedule, delays: DelayModel, n: int, seed: int, clock: bo
     dropped = set(s.info.get("dropped_clients", []))
     drop_time = s.info.get("dropout_time", math.inf)
     assert len(dropped) == (delays.num_dropped(n) if delays.has_dropouts(n) else 0)
-    jobs = replay(s)
+    jobs = replay_jobs(s)
     by_client: dict[int, list[dict]] = {}
     for job in jobs:
         by_client.setdefault(job["client"], []).append(job)
@@ -354,7 +328,7 @@ def test_dropout_replacements_start_from_the_current_model():
     check_schedule(s, delays, n, 1, clock=False, all_active_=False)
     t = int(np.searchsorted(s.step_times, 7.25, side="left"))  # steps completed before the dropout
     at_dropout = s.dispatch_times[t] == 7.25
-    jobs = replay(s)
+    jobs = replay_jobs(s)
     discarded = [j for j in jobs if j["arrival"] is None and j["start"] <= 7.25 and j["client"] in
                  s.info["dropped_clients"]]
     assert len(discarded) >= 1
@@ -435,7 +409,7 @@ def test_suspension_always_with_long_mean(protocol):
         s = concurrent(n, 300, delays, 6, concurrency=5, buffer_size=2, refill=protocol.split("_")[1])
     check_schedule(s, delays, n, 6, clock=False, all_active_=protocol == "all_active")
     susp = suspension_table(n, delays, 6)
-    jobs = replay(s)
+    jobs = replay_jobs(s)
     gaps = []
     for c in range(n):
         cj = [j for j in jobs if j["client"] == c]
@@ -524,7 +498,7 @@ def test_clock_regroups_the_all_active_arrivals(clock):
     assert np.array_equal(s.arrival_times[mask], ref.arrival_times[:, 0])
     assert len(np.unique(ref.arrival_times)) == K, "no ties"
     # Grouped differently: version = number of ticks before the job started.
-    jobs = replay(s)
+    jobs = replay_jobs(s)
     ticks = s.step_times
     for job in jobs:
         assert job["version"] == int(np.searchsorted(ticks, job["start"], side="left"))

@@ -8,7 +8,6 @@ configuration is compiled once and run, vmapped, on several schedules (padded to
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
@@ -17,19 +16,18 @@ import numpy as np
 import pytest
 
 import reference as ref
+from support import CLASSES, FEATURES, common_widths, toy_problem
 import reference_compression as cref
 from asyncfl_jax.algorithms import (COMPRESSORS, REGISTRY, Compressor, ServerMeta, area, asynfl, asynflc, asynflc_ef,
                                     ca2fl, compressed, error_feedback, fedasync, fedbuff, get_algorithm,
                                     make_compressor, message_bits)
 from asyncfl_jax.algorithms.compression import CompressionClientState, content_hash, num_kept
 from asyncfl_jax.client import LocalConfig
-from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.engine import make_simulation, resolve_hparams, stack_schedules
-from asyncfl_jax.models.core import model_from_apply
-from asyncfl_jax.task import make_task, task_arrays
+from asyncfl_jax.task import task_arrays
 from asyncfl_jax.timing import DelayModel, make_schedule
 
-N, FEATURES, CLASSES = 8, 5, 3
+N = 8
 T, STEPS, LR = 30, 3, 0.3
 DELAYS = DelayModel(speed="uniform", speed_low=1.0, speed_high=4.0, noise="exponential")
 LOCAL = LocalConfig(steps=STEPS, batch_size=None)
@@ -38,58 +36,13 @@ FRACTION = 0.25  # top-k keeps ceil(0.25 * 18) = 5 of the 18 parameters
 ETA_FEDBUFF, ETA_CA2FL = 0.8, 0.9
 
 
-def _problem(seed: int = 0):
-    """A small non-IID classification problem: client i's inputs are shifted by a client-specific mean."""
-    rng = np.random.default_rng(seed)
-    sizes = rng.integers(4, 12, size=N)
-    xs, ys, parts, start = [], [], [], 0
-    true_w = rng.normal(size=(FEATURES, CLASSES))
-    for i, m in enumerate(sizes):
-        x = rng.normal(loc=0.5 * i, size=(m, FEATURES)).astype(np.float32) / 3
-        y = np.argmax(x @ true_w + rng.normal(scale=0.5, size=(m, CLASSES)), axis=1).astype(np.int32)
-        xs.append(x), ys.append(y), parts.append(np.arange(start, start + m))
-        start += m
-    x_all, y_all = np.concatenate(xs), np.concatenate(ys)
-    dataset = Dataset("toy", x_all, y_all, x_all[:10], y_all[:10], CLASSES)
-    params = {"W": jnp.asarray(rng.normal(scale=0.1, size=(FEATURES, CLASSES)), jnp.float32),
-              "b": jnp.zeros((CLASSES,), jnp.float32)}
-    model = model_from_apply(lambda p, x: x.reshape(x.shape[0], -1) @ p["W"] + p["b"], params, "logreg")
-    task = make_task(dataset, parts, model)
-    client_data = [(xs[i].astype(np.float64), ys[i]) for i in range(N)]
-    x0 = np.concatenate([np.asarray(params["W"]).ravel(), np.asarray(params["b"])]).astype(np.float64)
-    return task, client_data, x0
-
-
-TASK, DATA, X0 = _problem()
+TASK, DATA, X0 = toy_problem(N)
 MODEL = ref.LogReg(FEATURES, CLASSES)
 D = X0.size
 K = num_kept(D, FRACTION)
 
 
 # ---------------------------------------------------------------------------------------------------- schedules
-def _pad(schedule, arrivals: int, dispatches: int, init: int):
-    """The same schedule with more -1 padding columns (so that schedules of different widths stack)."""
-
-    def widen(a, width, fill):
-        out = np.full((*a.shape[:-1], width), fill, a.dtype)
-        out[..., : a.shape[-1]] = a
-        return out
-
-    out = dataclasses.replace(
-        schedule,
-        init_clients=widen(schedule.init_clients, init, -1), init_slots=widen(schedule.init_slots, init, -1),
-        dispatch_clients=widen(schedule.dispatch_clients, dispatches, -1),
-        dispatch_slots=widen(schedule.dispatch_slots, dispatches, -1),
-        dispatch_times=widen(schedule.dispatch_times, dispatches, np.nan),
-        arrival_clients=widen(schedule.arrival_clients, arrivals, -1),
-        arrival_slots=widen(schedule.arrival_slots, arrivals, -1),
-        arrival_versions=widen(schedule.arrival_versions, arrivals, -1),
-        arrival_times=widen(schedule.arrival_times, arrivals, np.nan),
-    )
-    out.validate()
-    return out
-
-
 def _schedules():
     raw = {
         "all_active": make_schedule("all_active", N, T, DELAYS, seed=3),
@@ -102,10 +55,7 @@ def _schedules():
         # (a varying |S_t|, some steps empty).
         "window": make_schedule("all_active", N, T, DELAYS, seed=5, aggregation="periodic", period=0.7),
     }
-    m = max(s.buffer_width for s in raw.values())
-    d = max(s.dispatch_width for s in raw.values())
-    d0 = max(s.init_clients.shape[0] for s in raw.values())
-    return {k: _pad(s, m, d, d0) for k, s in raw.items()}
+    return common_widths(raw)
 
 
 SCHEDULES = _schedules()

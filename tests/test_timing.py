@@ -30,6 +30,7 @@ from asyncfl_jax.timing import (
 )
 from asyncfl_jax.timing.protocols import _concurrent_event_loop, _concurrent_fast
 from asyncfl_jax.timing.schedule import _ARRAY_FIELDS
+from support import replay_jobs
 
 DELAY_MODELS = {
     "ca2fl": DelayModel(),
@@ -56,32 +57,6 @@ def assert_same(a: Schedule, b: Schedule, check_info: bool = True) -> None:
     assert a.init_time == b.init_time
     if check_info:
         assert a.info == b.info
-
-
-def replay_jobs(s: Schedule) -> list[dict]:
-    """Reconstructs every job (client, version, start time, arrival step/time) by replaying the slot protocol."""
-    jobs: list[dict] = []
-    holder: dict[int, int] = {}
-
-    def start(c: int, slot: int, version: int, when: float) -> None:
-        holder[slot] = len(jobs)
-        jobs.append({"client": c, "version": version, "start": when, "step": None, "arrival": None})
-
-    for c, slot in zip(s.init_clients.tolist(), s.init_slots.tolist()):
-        if c >= 0:
-            start(c, slot, 0, s.init_time)
-    for t in range(s.num_steps):
-        for j in range(s.dispatch_width):
-            c = int(s.dispatch_clients[t, j])
-            if c >= 0:
-                start(c, int(s.dispatch_slots[t, j]), t, float(s.dispatch_times[t, j]))
-        for j in range(s.buffer_width):
-            c = int(s.arrival_clients[t, j])
-            if c >= 0:
-                job = jobs[holder.pop(int(s.arrival_slots[t, j]))]
-                assert job["client"] == c and job["version"] == s.arrival_versions[t, j]
-                job["step"], job["arrival"] = t, float(s.arrival_times[t, j])
-    return jobs
 
 
 def check_concurrent(s: Schedule, n: int, T: int, Mc: int, M: int, refill: str) -> None:

@@ -97,11 +97,10 @@ def _memory_algorithm(name: str, direction: float, rule: str, cache: str, cache_
         d = state.x.shape[0]
         n = jax.tree_util.tree_leaves(state.cache)[0].shape[0]
         r = replace_rows(store, state.cache, messages, meta.clients, meta.mask, meta.key)  # U_j <- g_j
-        incremental = state.cache_mean + r.change / n  # u <- u + (g_j - U_j^old) / n   (Alg. a.5)
         if rule == "direct":
             mean = jnp.mean(store.read_all(r.store, d), axis=0)  # u_t = (1/n) sum_i U_i   (Alg. 1)
         else:
-            mean = incremental
+            mean = state.cache_mean + r.change / n  # u <- u + (g_j - U_j^old) / n   (Alg. a.5)
         return MemoryState(x=state.x + direction * hp["server_lr"] * mean, cache=r.store, cache_mean=mean)
 
     return Algorithm(
