@@ -156,6 +156,7 @@ class LoopState:
     compile_seconds: float
     run_seconds: float
     carry: Any  # the carry pytree (device arrays when running; host arrays as loaded)
+    traces: dict[str, list[np.ndarray]] = dataclasses.field(default_factory=dict)  # name -> [R, steps] per chunk
 
 
 def _as_bytes(leaf: Any) -> np.ndarray:
@@ -179,6 +180,8 @@ def save(directory: str, identity: Mapping[str, Any], state: LoopState, num_chun
     arrays["eval_steps"] = np.asarray(state.eval_steps, np.int64)
     for name, rows in state.metrics.items():
         arrays[f"metric_{name}"] = np.stack([np.asarray(r) for r in rows])
+    for name, parts in state.traces.items():  # the in-scan clock's per-step records (steps on axis 1)
+        arrays[f"trace_{name}"] = np.concatenate([np.asarray(p) for p in parts], axis=1)
     state_name = f"state-{state.next_chunk:06d}.npz"
     state_path = os.path.join(directory, state_name)
     with atomic_file(state_path) as f:
@@ -195,6 +198,7 @@ def save(directory: str, identity: Mapping[str, Any], state: LoopState, num_chun
         "stopped_early": bool(state.stopped_early),
         "reported": sorted(int(r) for r in state.reported),
         "metric_names": list(state.metrics),
+        "trace_names": list(state.traces),
         "carry_leaves": len(leaves),
         "compile_seconds": float(state.compile_seconds),
         "run_seconds": float(state.run_seconds),
@@ -254,6 +258,7 @@ def load(directory: str, identity: Mapping[str, Any], carry_shape: Any) -> LoopS
         leaves = [z[f"carry_{i:04d}"].view(np.dtype(s.dtype)).reshape(s.shape) for i, s in enumerate(shapes)]
         eval_steps = [int(s) for s in z["eval_steps"]]
         metrics = {name: list(z[f"metric_{name}"]) for name in record["metric_names"]}
+        traces = {name: [z[f"trace_{name}"]] for name in record.get("trace_names", [])}
     return LoopState(
         next_chunk=int(record["next_chunk"]),
         eval_steps=eval_steps,
@@ -263,6 +268,7 @@ def load(directory: str, identity: Mapping[str, Any], carry_shape: Any) -> LoopS
         compile_seconds=float(record["compile_seconds"]),
         run_seconds=float(record["run_seconds"]),
         carry=jax.tree_util.tree_unflatten(treedef, leaves),
+        traces=traces,
     )
 
 

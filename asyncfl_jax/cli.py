@@ -5,7 +5,9 @@
     asyncfl run --algorithm fedasync --staleness hinge --hparam alpha=0.3,0.6 --seeds 0,1,2
     asyncfl run --set data.name=fashion_mnist --set data.partition=dirichlet --set model.name=logreg
     asyncfl run --resume runs/x                  # continue an interrupted run from its checkpoints
+    asyncfl run --preset asyncfeded/synthetic/asyncfeded   # a paper's selected setting (see `asyncfl presets`)
     asyncfl algorithms                           # algorithms, their options and hyper-parameters
+    asyncfl presets                              # the papers' selected settings
 
 Every option is checked before anything is compiled; an invalid one stops the command with exit code 2 and a message
 naming the option, the value and what is allowed.
@@ -31,6 +33,7 @@ import threading
 from typing import Any, Sequence
 
 from asyncfl_jax.algorithms import REGISTRY
+from asyncfl_jax.presets import get_preset
 from asyncfl_jax.config import ConfigError, ExperimentConfig, parse_value, set_option, validate
 
 
@@ -73,13 +76,16 @@ def _build_parser() -> argparse.ArgumentParser:
 
     g = run.add_argument_group("algorithm (replaces the default runs with a single run)")
     g.add_argument("--algorithm", help=" | ".join(sorted(REGISTRY)) + " (see `asyncfl algorithms`)")
+    g.add_argument("--preset", help="a paper's selected setting, e.g. asyncfeded/femnist/fedasync_hinge: algorithm, "
+                   "options, hyper-parameters, protocol and local training (see `asyncfl presets`); other options "
+                   "override it")
     g.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                    help="an algorithm option, e.g. --option cache=int8 --option rule=direct (repeatable)")
     g.add_argument("--staleness", help="staleness function: constant | polynomial | hinge | inverse_sqrt")
     g.add_argument("--normalization", help="fedbuff normalization: buffer | weights | none")
     g.add_argument("--hparam", action="append", default=[], metavar="NAME=V[,V...]",
                    help="hyper-parameter; several values sweep it (e.g. server_lr=0.5,1.0)")
-    g.add_argument("--protocol", help="all_active | concurrent | synchronous")
+    g.add_argument("--protocol", help="all_active | concurrent | synchronous | event_clock")
     g.add_argument("--concurrency", type=int, help="clients in flight Mc (concurrent protocol)")
     g.add_argument("--buffer-size", type=int, help="arrivals per server step M (concurrent protocol)")
     g.add_argument("--refill", help="immediate | boundary (concurrent protocol)")
@@ -97,6 +103,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         "XLA_FLAGS=--xla_force_host_platform_device_count=N in the environment)")
 
     sub.add_parser("algorithms", help="list the algorithms with their options and hyper-parameters")
+    sub.add_parser("presets", help="list the papers' selected settings usable with `asyncfl run --preset`")
     return parser
 
 
@@ -109,6 +116,16 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         if value is not None:
             set_option(raw, f"{key}={json.dumps(value)}")
 
+    if args.preset is not None:
+        if args.algorithm is not None:
+            raise ConfigError("--preset and --algorithm cannot be combined: the preset names the algorithm")
+        try:
+            chosen = get_preset(args.preset)
+        except ValueError as e:
+            raise ConfigError(f"invalid option --preset = {args.preset!r}: {e}") from None
+        local = chosen.pop("local")
+        raw["local"].update({k: v for k, v in local.items()})
+        raw["runs"] = [{**chosen, "arrivals": 3000}]
     put("data.name", args.dataset)
     put("data.path", args.data_dir)
     put("data.num_clients", args.num_clients)
@@ -142,6 +159,8 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
             run["protocol"].update(buffer_size=1, refill="immediate")
         if args.algorithm in ("ace", "aced", "delay_adaptive_asgd"):  # every client always computing (ACE paper)
             run["protocol"] = {"name": "all_active"}
+        if args.algorithm == "asyncfeded":  # every client always computing; durations follow the adaptive K
+            run["protocol"] = {"name": "event_clock"}
         if args.algorithm in ("area", "as_fedavg"):  # every client always computing, Delta = 4 (AREA paper)
             run["protocol"] = {"name": "concurrent", "concurrency": None, "buffer_size": 4,  # None: n, below
                                "refill": "immediate"}
@@ -201,7 +220,7 @@ def _print_algorithms() -> None:
 _CONFIG_OPTIONS = ("config", "set", "dataset", "data_dir", "num_clients", "partition", "dirichlet_alpha", "model",
                    "local_steps", "batch_size", "lr", "algorithm", "option", "staleness", "normalization", "hparam",
                    "protocol", "concurrency", "buffer_size", "refill", "participants", "steps", "arrivals", "speed",
-                   "noise", "seeds", "eval_every", "shard_jobs")
+                   "noise", "seeds", "eval_every", "shard_jobs", "preset")
 
 
 def _resumed_config(args: argparse.Namespace) -> ExperimentConfig:
@@ -278,6 +297,13 @@ def _sigterm_interrupts():
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
+    if args.command == "presets":
+        from asyncfl_jax.presets import PRESETS
+
+        for name, p in PRESETS.items():
+            print(f"{name}: {p['algorithm']} {p['options']} {p['hparams']} protocol={p['protocol']['name']} "
+                  f"local={p['local']}")
+        return 0
     if args.command == "algorithms":
         _print_algorithms()
         return 0

@@ -34,7 +34,7 @@ from asyncfl_jax.data.client_data import ClientData
 from asyncfl_jax.models.core import Model, cross_entropy_loss
 
 HParams = Mapping[str, jax.Array]
-LocalFn = Callable[[jax.Array, jax.Array, jax.Array, HParams, ClientData], jax.Array]
+LocalFn = Callable[..., jax.Array]
 
 LOCAL_HPARAMS = {"client_lr": 0.05, "momentum": 0.0, "weight_decay": 0.0, "prox_mu": 0.0}
 """Local-training hyper-parameters (sweepable) and their defaults."""
@@ -93,8 +93,9 @@ def _shuffled_order(key: jax.Array, count: jax.Array, size: int, needed: int) ->
     return jax.lax.top_k(scores, min(needed, size))[1]
 
 
-def make_local_update(model: Model, config: LocalConfig, output: str = "delta") -> LocalFn:
-    """Returns ``local(x, client, key, hp, data) -> result`` (a flat vector of length d).
+def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
+                      max_steps: int | None = None) -> LocalFn:
+    """Returns ``local(x, client, key, hp, data, steps=None) -> result`` (a flat vector of length d).
 
     ``data`` (every client's :class:`ClientData`) is an argument rather than a constant of the function, so the
     compiled program does not embed the dataset (which makes compiling slow).
@@ -103,12 +104,21 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta") 
       model: the model (its ``flat_apply`` is used).
       config: static local-training settings.
       output: ``"delta"`` for ``y_K - x`` or ``"gradient"`` for one minibatch gradient at ``x``.
+      max_steps: when given, ``local`` takes a per-job step count ``steps`` (an int32 array, ``1 <= steps <=
+        max_steps``; AsyncFedED's adaptive K) and runs exactly that many steps (a loop with a traced bound) instead
+        of ``config.steps``; minibatches are drawn as for a job of ``max_steps`` steps, so a job's first ``k`` steps
+        do not depend on its length.
     """
     config.validate()
     if output not in ("delta", "gradient"):
         raise ValueError(f"output must be 'delta' or 'gradient', got {output!r}")
+    if max_steps is not None:
+        if output != "delta" or config.epochs is not None:
+            raise ValueError("a per-job number of local steps needs output='delta' and local.epochs unset")
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be an integer >= 1, got {max_steps!r}")
     batch = config.batch_size
-    examples_needed = (1 if output == "gradient" else config.steps) * (batch or 0)
+    examples_needed = (1 if output == "gradient" else max(config.steps, max_steps or 0)) * (batch or 0)
 
     def minibatch(data: ClientData, client: jax.Array, order: jax.Array, count: jax.Array, k: jax.Array):
         size = data.max_size
@@ -122,7 +132,8 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta") 
         weights = (jnp.arange(batch) < count).astype(jnp.float32)
         return data.features[rows], data.labels[rows], weights
 
-    def local(x: jax.Array, client: jax.Array, key: jax.Array, hp: HParams, data: ClientData) -> jax.Array:
+    def local(x: jax.Array, client: jax.Array, key: jax.Array, hp: HParams, data: ClientData,
+              steps: jax.Array | None = None) -> jax.Array:
         count = data.counts[client]
         order = _shuffled_order(key, count, data.max_size, examples_needed) if batch is not None else None
         grad_fn = jax.grad(lambda flat, xb, yb, wb: _batch_loss(model, flat, xb, yb, wb))
@@ -145,6 +156,11 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta") 
             return jax.tree_util.tree_map(lambda n, o: jnp.where(k < steps_i, n, o), one_step(k, carry), carry)
 
         body = one_step if config.epochs is None else masked_step
+        if max_steps is not None:
+            if steps is None:
+                raise ValueError("this local update takes a per-job number of steps")
+            y, _ = jax.lax.fori_loop(0, jnp.clip(steps, 1, max_steps), one_step, (x, opt.init(x)))
+            return y - x
         y, _ = jax.lax.fori_loop(0, config.steps, body, (x, opt.init(x)))
         return y - x
 

@@ -20,7 +20,7 @@ from asyncfl_jax.timing.delays import DelayModel
 DATASETS = ("synthetic", "fashion_mnist", "mnist")
 PARTITIONS = ("natural", "iid", "dirichlet", "shards", "power_law")
 MODELS = ("logreg", "mlp", "cnn")
-PROTOCOLS = ("all_active", "concurrent", "synchronous")
+PROTOCOLS = ("all_active", "concurrent", "synchronous", "event_clock")
 REFILLS = ("immediate", "boundary")
 AGGREGATIONS = ("count", "periodic", "poisson")
 
@@ -79,7 +79,9 @@ class LocalTrainingConfig:
 class ProtocolConfig:
     """Arrival protocol: "all_active" (every client always training, one arrival per step), "concurrent" (Mc
     clients in flight, a step every M arrivals, refill "immediate" or "boundary") or "synchronous" (FedAvg rounds
-    with ``participants`` clients, null = all).
+    with ``participants`` clients, null = all) or "event_clock" (all clients always training, one arrival per step,
+    with the clock carried in the scan so that a job's duration may follow its number of local steps, as
+    AsyncFedED's adaptive K needs; see :mod:`asyncfl_jax.timing.clock`).
 
     ``aggregation`` (all_active and concurrent): "count" (a step every ``buffer_size`` arrivals), or a server clock
     that applies a step with whatever arrived since the last one: "periodic" (every ``period`` units of virtual time)
@@ -99,7 +101,7 @@ class ProtocolConfig:
         """The keyword options of :func:`~asyncfl_jax.timing.protocols.make_schedule` for this protocol."""
         clock = {} if self.aggregation == "count" else {"aggregation": self.aggregation, "period": self.period,
                                                         "rate": self.rate}
-        if self.name == "all_active":
+        if self.name in ("all_active", "event_clock"):
             return clock
         if self.name == "synchronous":
             return {"participants": self.participants}
@@ -108,7 +110,7 @@ class ProtocolConfig:
         return {"concurrency": self.concurrency, "buffer_size": self.buffer_size, "refill": self.refill}
 
     def arrivals_per_step(self, num_clients: int) -> int:
-        if self.name == "all_active":
+        if self.name in ("all_active", "event_clock"):
             return 1
         if self.name == "synchronous":
             return self.participants or num_clients
@@ -435,14 +437,20 @@ def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
     if p.name in ("all_active", "concurrent"):
         _check_choice(f"{prefix}.protocol.aggregation", p.aggregation, AGGREGATIONS)
     elif p.aggregation != "count":
-        _fail(f"{prefix}.protocol.aggregation", p.aggregation, "synchronous rounds have no server clock: use 'count'")
+        why = ("synchronous rounds have no server clock" if p.name == "synchronous" else
+               "the event clock applies every arrival as it comes")
+        _fail(f"{prefix}.protocol.aggregation", p.aggregation, f"{why}: use 'count'")
+    if p.name == "event_clock" and run.schedule_files is not None:
+        _fail(f"{prefix}.schedule_files", run.schedule_files, "the event clock decides the events during the run; "
+              "to replay a recorded run use its schedule files with protocol 'all_active'")
     for opt, needed_by in (("period", "periodic"), ("rate", "poisson")):
         value = getattr(p, opt)
         if p.aggregation == needed_by:
             if value is None:
                 _fail(f"{prefix}.protocol.{opt}", value,
                       f"aggregation '{needed_by}' needs a {opt} (a finite number > 0)")
-            _check_positive(f"{prefix}.protocol.{opt}", value)
+            if not (opt == "period" and value == math.inf):  # period inf: wait for everyone (synchronous)
+                _check_positive(f"{prefix}.protocol.{opt}", value)
         elif value is not None:
             _fail(f"{prefix}.protocol.{opt}", value, f"only used with protocol.aggregation = '{needed_by}' (got "
                   f"{p.aggregation!r}); leave it null")

@@ -198,13 +198,26 @@ class Program:
     data) -> (Carry, metrics)`` (``steps``: :class:`StepArrays` of the chunk's steps); ``evaluate(flat, data) ->
     metrics``. ``data`` is the task's :class:`TaskArrays`, an argument so that compiled programs do not embed the
     dataset. None of them has a replica axis. ``frozen_chunk`` is ``chunk`` that leaves a replica marked diverged
-    unchanged (the host loop switches to it once a replica has diverged).
+    unchanged (the host loop switches to it once a replica has diverged). ``train``, ``initialization_round`` and
+    ``job_hparams`` are the building blocks the in-scan event clock (:mod:`asyncfl_jax.clocked`) reuses.
     """
 
     init: Callable[..., Carry]
     chunk: Callable[..., tuple[Carry, dict[str, jax.Array]]]
     evaluate: Callable[[jax.Array, TaskArrays], dict[str, jax.Array]]
     frozen_chunk: Callable[..., tuple[Carry, dict[str, jax.Array]]] | None = None
+    train: Callable[..., tuple[Any, Any]] | None = None
+    initialization_round: Callable[..., Any] | None = None
+    job_hparams: Callable[..., Any] | None = None
+
+
+def local_update(task: Task, algorithm: Algorithm, local: LocalConfig) -> Callable[..., jax.Array]:
+    """The local-training function of ``algorithm``'s jobs (with a per-job step count when it sets ``job_steps``)."""
+    if algorithm.job_steps is None:
+        return make_local_update(task.model, local, output=algorithm.local_output)
+    if algorithm.max_job_steps is None:
+        raise ValueError(f"{algorithm.name} sets job_steps but not max_job_steps")
+    return make_local_update(task.model, local, output=algorithm.local_output, max_steps=algorithm.max_job_steps)
 
 
 def build_program(
@@ -216,7 +229,7 @@ def build_program(
     step over devices; everything else stays replicated. Results equal the unsharded program up to float rounding.
     """
     n = task.num_clients
-    local_fn = make_local_update(task.model, local, output=algorithm.local_output)
+    local_fn = local_update(task, algorithm, local)
     evaluate = make_evaluator(task.model)
 
     def job_hparams(server: Any, hp):
@@ -224,14 +237,19 @@ def build_program(
         return hp if algorithm.local_hparams is None else algorithm.local_hparams(server, hp)
 
     def train(x: jax.Array, clients: jax.Array, valid: jax.Array, keys: jax.Array, carry: Carry, hp,
-              data: TaskArrays):
+              data: TaskArrays, job_hp=None, steps: jax.Array | None = None):
         """Trains the jobs of ``clients`` (only ``valid`` ones count) from ``x``: their messages and the clients'
-        memory after them."""
+        memory after them. ``job_hp`` and ``steps`` (the jobs' hyper-parameters and local step counts) default to what
+        the server state says now (:func:`job_hparams`, ``algorithm.job_steps``)."""
         if job_sharding is not None:
             clients = jax.lax.with_sharding_constraint(clients, job_sharding)
             keys = jax.lax.with_sharding_constraint(keys, job_sharding)
-        hp = job_hparams(carry.server, hp)
-        results = jax.vmap(local_fn, in_axes=(None, 0, 0, None, None))(x, clients, keys, hp, data.train)
+        hp = job_hparams(carry.server, hp) if job_hp is None else job_hp
+        if algorithm.job_steps is None:
+            results = jax.vmap(local_fn, in_axes=(None, 0, 0, None, None))(x, clients, keys, hp, data.train)
+        else:  # a number of local steps per job, set by the server (AsyncFedED)
+            steps = algorithm.job_steps(carry.server, clients, hp) if steps is None else steps
+            results = jax.vmap(local_fn, in_axes=(None, 0, 0, None, None, 0))(x, clients, keys, hp, data.train, steps)
         if not jax.tree_util.tree_leaves(carry.clients):  # no client memory: every job is independent
             messages, _ = jax.vmap(algorithm.client, in_axes=(None, 0, None, None))(x, results, carry.clients, hp)
             return messages, carry.clients
@@ -336,7 +354,8 @@ def build_program(
         new = jax.tree_util.tree_map(lambda old, updated: jnp.where(frozen, old, updated), carry, new)
         return new, evaluate(algorithm.params(new.server), data)
 
-    return Program(init=init, chunk=chunk, evaluate=evaluate, frozen_chunk=frozen_chunk)
+    return Program(init=init, chunk=chunk, evaluate=evaluate, frozen_chunk=frozen_chunk, train=train,
+                   initialization_round=initialization_round, job_hparams=job_hparams)
 
 
 def make_simulation(
@@ -435,13 +454,34 @@ def simulate(
     if eval_every < 1:
         raise ValueError(f"eval_every must be >= 1, got {eval_every}")
 
-    per_replica, shared = _schedules_per_replica(schedules, seeds, replicas, task.num_clients)
-    if shared:
-        sched, num_slots, sched_axis = schedule_arrays(per_replica[0]), per_replica[0].num_slots, None
+    clocks = _clocks_per_replica(schedules, seeds, replicas, task.num_clients)
+    sharding = job_sharding() if shard_jobs else None
+    if clocks is not None:  # the in-scan event clock: durations may depend on the state
+        from asyncfl_jax import clocked
+        from asyncfl_jax.timing.clock import stack_tables
+
+        per_replica, shared = [], False
+        T = clocks[0].num_steps
+        program = clocked.build_clocked_program(task, algorithm, local, job_sharding=sharding)
+        sched, sched_axis, chunk_axis, num_slots = _initial_tables(clocks), 0, clocked.ClockChunk(None, 0), 1
+
+        def chunk_inputs(start: int, stop: int, carry: Any) -> Any:
+            jobs, uploads = np.asarray(carry.clock.jobs), np.asarray(carry.clock.uploads)
+            tables = stack_tables([c.tables(jobs[r], uploads[r], eval_every + 1) for r, c in enumerate(clocks)])
+            return clocked.ClockChunk(jnp.arange(start, stop, dtype=jnp.int32), tables)
     else:
-        (sched, num_slots), sched_axis = stack_schedules(per_replica), 0
-    T = per_replica[0].num_steps
-    program = build_program(task, algorithm, local, num_slots, job_sharding=job_sharding() if shard_jobs else None)
+        per_replica, shared = _schedules_per_replica(schedules, seeds, replicas, task.num_clients)
+        if shared:
+            sched, num_slots, sched_axis = schedule_arrays(per_replica[0]), per_replica[0].num_slots, None
+        else:
+            (sched, num_slots), sched_axis = stack_schedules(per_replica), 0
+        chunk_axis = sched_axis
+        T = per_replica[0].num_steps
+        program = build_program(task, algorithm, local, num_slots, job_sharding=sharding)
+
+        def chunk_inputs(start: int, stop: int, carry: Any) -> Any:
+            del carry
+            return _slice_steps(sched.steps, start, stop, replica_axis=sched_axis == 0)
     hp = stack_hparams(replicas)
     keys = jnp.stack([jax.random.PRNGKey(r.seed) for r in replicas])
 
@@ -451,8 +491,8 @@ def simulate(
         print(f"{name}: {budget.describe()}", file=sys.stderr, flush=True)
     budget.check()
     init_fn = jax.jit(jax.vmap(program.init, in_axes=(sched_axis, 0, 0, None)))
-    chunk_fn = jax.jit(jax.vmap(program.chunk, in_axes=(0, sched_axis, 0, 0, None)), donate_argnums=(0,))
-    frozen_chunk_fn = jax.jit(jax.vmap(program.frozen_chunk, in_axes=(0, sched_axis, 0, 0, None)),
+    chunk_fn = jax.jit(jax.vmap(program.chunk, in_axes=(0, chunk_axis, 0, 0, None)), donate_argnums=(0,))
+    frozen_chunk_fn = jax.jit(jax.vmap(program.frozen_chunk, in_axes=(0, chunk_axis, 0, 0, None)),
                               donate_argnums=(0,))
     eval_fn = jax.jit(jax.vmap(program.evaluate, in_axes=(0, None)))
 
@@ -460,8 +500,9 @@ def simulate(
     identity, state = None, None
     if checkpoint_dir is not None:
         carry_shape = jax.eval_shape(init_fn, sched, hp, keys, data)
+        timing = sched if clocks is None else (sched, _clock_descriptions(clocks))
         identity = checkpoint.run_identity(
-            label=name, algorithm=algorithm, local=local, replicas=replicas, schedules=sched, num_slots=num_slots,
+            label=name, algorithm=algorithm, local=local, replicas=replicas, schedules=timing, num_slots=num_slots,
             num_steps=T, eval_every=eval_every, task=task, data=data, carry_shape=carry_shape, shard_jobs=shard_jobs,
         )
         if resume:
@@ -506,7 +547,7 @@ def simulate(
             while state.next_chunk < num_chunks and not state.stopped_early:
                 start = state.next_chunk * eval_every
                 stop_step = min(start + eval_every, T)
-                part = _slice_steps(sched.steps, start, stop_step, replica_axis=sched_axis == 0)
+                part = chunk_inputs(start, stop_step, state.carry)
                 # Once a replica has diverged, it is frozen: its state stays as it was (see Program.frozen_chunk).
                 freeze = bool(state.reported)
                 variant = (stop_step - start, freeze)
@@ -516,12 +557,14 @@ def simulate(
                     compiled[variant] = fn.lower(state.carry, part, hp, keys, data).compile()
                     loop_compile_seconds += time.perf_counter() - tc
                 new_carry, out = compiled[variant](state.carry, part, hp, keys, data)
+                traces = {k: np.asarray(v) for k, v in out.items() if k not in METRIC_NAMES}
                 out = {k: np.asarray(out[k]) for k in METRIC_NAMES}
                 diverged = np.asarray(new_carry.diverged_at)
                 newly = sorted(set(np.flatnonzero(diverged >= 0).tolist()) - state.reported)
                 state = dataclasses.replace(  # one assignment: the state is always that of a whole number of chunks
                     state, carry=new_carry, next_chunk=state.next_chunk + 1, eval_steps=[*state.eval_steps, stop_step],
                     metrics={k: [*v, out[k]] for k, v in state.metrics.items()}, reported=state.reported | set(newly),
+                    traces={k: [*state.traces.get(k, []), v] for k, v in traces.items()},
                     stopped_early=bool((diverged >= 0).all()),
                 )
                 bar.update(stop_step - start)
@@ -563,6 +606,10 @@ def simulate(
     carry, eval_steps, metrics, stopped_early = state.carry, state.eval_steps, state.metrics, state.stopped_early
 
     steps = np.asarray(eval_steps)
+    realized = None
+    if clocks is not None:  # the schedules the clocked replicas went through
+        realized = _realized_schedules(clocks, state.traces, carry, int(steps[-1]))
+        per_replica = realized
     times = np.stack([_times_at(s, steps) for s in per_replica])
     init_uploads = task.num_clients if algorithm.init_round else 0
     uploads = np.stack([_uploads_at(s, steps) + init_uploads for s in per_replica])
@@ -586,6 +633,9 @@ def simulate(
         run_seconds=run_seconds,
         final_params=np.asarray(jax.vmap(algorithm.params)(carry.server)),
         memory=budget.as_dict(),
+        realized_schedules=realized,
+        job_steps=(np.concatenate(state.traces["steps"], axis=1)[:, : int(steps[-1])] if clocks is not None
+                   else None),
     )
 
 
@@ -674,7 +724,9 @@ def memory_budget(program: Program, sched: ScheduleArrays, hp: Mapping[str, jax.
     """The :class:`MemoryBudget` of running ``program`` for the replicas of ``hp``/``keys`` (shapes only)."""
     carry = jax.eval_shape(jax.vmap(program.init, in_axes=(sched_axis, 0, 0, None)), sched, hp, keys, data)
     return MemoryBudget(server=_tree_bytes(carry.server), clients=_tree_bytes(carry.clients),
-                        pending=_tree_bytes(carry.pending), data=_tree_bytes(data), replicas=int(keys.shape[0]),
+                        # jobs in flight: their messages, or under the event clock their start models and times
+                        pending=_tree_bytes(carry.clock if hasattr(carry, "clock") else carry.pending),
+                        data=_tree_bytes(data), replicas=int(keys.shape[0]),
                         available=device_memory_bytes())
 
 
@@ -694,6 +746,71 @@ def _schedules_per_replica(
         if s.num_clients != num_clients:
             raise ValueError(f"the schedule has {s.num_clients} clients but the task has {num_clients}")
     return per_replica, shared
+
+
+def _clocks_per_replica(schedules: Any, seeds: Sequence[int], replicas: Sequence[Replica], num_clients: int):
+    """The :class:`~asyncfl_jax.timing.clock.EventClock` of every replica, or None when ``schedules`` are schedules."""
+    from asyncfl_jax.timing.clock import EventClock
+
+    items = [schedules] if isinstance(schedules, (Schedule, EventClock)) else list(schedules)
+    if not any(isinstance(c, EventClock) for c in items):
+        return None
+    if not all(isinstance(c, EventClock) for c in items):
+        raise ValueError("schedules must be all Schedule or all EventClock, not a mix")
+    if len(items) == 1:
+        per_replica = items * len(replicas)
+    elif len(items) == len(seeds):
+        by_seed = dict(zip([int(s) for s in seeds], items))
+        per_replica = [by_seed[r.seed] for r in replicas]
+    else:
+        raise ValueError(f"got {len(items)} event clocks for {len(seeds)} seeds; give one per seed or one in all")
+    for c in per_replica:
+        if c.num_clients != num_clients:
+            raise ValueError(f"the event clock has {c.num_clients} clients but the task has {num_clients}")
+        if c.num_steps != per_replica[0].num_steps:
+            raise ValueError("the event clocks of the replicas must have the same num_steps")
+    return per_replica
+
+
+def _initial_tables(clocks: Sequence[Any]) -> Any:
+    """The tables of the initial jobs (job 0 of every client), stacked over replicas."""
+    from asyncfl_jax.timing.clock import stack_tables
+
+    n = clocks[0].num_clients
+    zeros = np.zeros(n, dtype=np.int64)
+    return stack_tables([c.tables(zeros, zeros, 1) for c in clocks])
+
+
+def _clock_descriptions(clocks: Sequence[Any]) -> np.ndarray:
+    import json
+
+    return np.frombuffer(json.dumps([c.info for c in clocks], sort_keys=True).encode(), dtype=np.uint8)
+
+
+def _realized_schedules(clocks: Sequence[Any], traces: Mapping[str, list[np.ndarray]], carry: Any,
+                        num_steps: int) -> list[Schedule]:
+    """Rebuilds each clocked replica's schedule from the per-step traces and the jobs that never arrived."""
+    from asyncfl_jax.timing.clock import OpenJobs, Trace, realized_schedule
+
+    trace = {k: np.concatenate(v, axis=1)[:, :num_steps] for k, v in traces.items()}
+    clock = jax.device_get(carry.clock)
+    out = []
+    for r, c in enumerate(clocks):
+        start = trace["start_hi"][r].astype(np.float64) + trace["start_lo"][r]
+        arrival = trace["arrival_hi"][r].astype(np.float64) + trace["arrival_lo"][r]
+        recorded = Trace(trace["client"][r], trace["row"][r], trace["col"][r], trace["steps"][r], start, arrival)
+        in_flight = np.isfinite(clock.finish.hi[r])
+        lost = clock.discarded_row[r] >= 0
+        open_jobs = OpenJobs(
+            client=np.concatenate([np.flatnonzero(in_flight), np.flatnonzero(lost)]),
+            row=np.concatenate([clock.row[r][in_flight], clock.discarded_row[r][lost]]),
+            col=np.concatenate([clock.col[r][in_flight], clock.discarded_col[r][lost]]),
+            start=np.concatenate([clock.start.hi[r][in_flight].astype(np.float64) + clock.start.lo[r][in_flight],
+                                  clock.discarded_start.hi[r][lost].astype(np.float64)
+                                  + clock.discarded_start.lo[r][lost]]),
+        )
+        out.append(realized_schedule(c, recorded, open_jobs))
+    return out
 
 
 def job_sharding() -> Any:

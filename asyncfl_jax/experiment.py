@@ -45,6 +45,7 @@ from asyncfl_jax.results import (
     write_results,
 )
 from asyncfl_jax.task import Task, make_task
+from asyncfl_jax.timing.clock import EventClock
 from asyncfl_jax.timing.protocols import make_schedule
 from asyncfl_jax.timing.schedule import Schedule
 
@@ -88,8 +89,9 @@ def build_task(cfg: ExperimentConfig) -> Task:
     return make_task(dataset, parts, model, seed=cfg.data.seed)
 
 
-def build_schedules(cfg: ExperimentConfig, run: RunConfig) -> list[Schedule]:
-    """One schedule per seed: the timing seed of replica seed ``s`` is ``s``; or the recorded ``schedule_files``."""
+def build_schedules(cfg: ExperimentConfig, run: RunConfig) -> list[Schedule] | list[EventClock]:
+    """One schedule per seed: the timing seed of replica seed ``s`` is ``s``; or the recorded ``schedule_files``; or,
+    for the protocol "event_clock", one :class:`~asyncfl_jax.timing.clock.EventClock` per seed."""
     p = run.protocol
     n = cfg.data.num_clients
     if run.schedule_files is not None:
@@ -99,6 +101,8 @@ def build_schedules(cfg: ExperimentConfig, run: RunConfig) -> list[Schedule]:
         steps = [run.steps if run.steps is not None else max(1, run.arrivals // s.buffer_width) for s in recorded]
         return _same_widths([s.truncate(min(k, s.num_steps)) for s, k in zip(recorded, steps)])
     delays = cfg.delay_model()
+    if p.name == "event_clock":  # the events are decided during the run
+        return [EventClock(n, run.num_steps(n), delays, seed) for seed in cfg.seeds]
     options = p.schedule_options()
     return _same_widths([make_schedule(p.name, n, run.num_steps(n), delays, seed, **options) for seed in cfg.seeds])
 
@@ -160,6 +164,23 @@ def run_experiment(
         checkpoint_every=checkpoint_every,
         resume=resume,
     )
+
+
+def save_schedules(cfg: ExperimentConfig, run: RunConfig, schedules: Sequence[Schedule]) -> None:
+    """Writes one schedule per seed to ``<output>/schedules/<run>-seed<s>.npz``."""
+    for seed, schedule in zip(cfg.seeds, schedules):
+        schedule.save(os.path.join(cfg.output, "schedules", f"{run.name}-seed{seed}.npz"))
+
+
+def save_realized_schedules(cfg: ExperimentConfig, run: RunConfig, history: History) -> None:
+    """The schedules a clocked run went through: one per seed, or with a hyper-parameter sweep (whose points go
+    through different events) one per replica, ``<run>-seed<s>-replica<r>.npz``."""
+    schedules = history.realized_schedules
+    if len(schedules) == len(cfg.seeds):
+        save_schedules(cfg, run, schedules)
+        return
+    for r, (seed, schedule) in enumerate(zip(history.seeds, schedules)):
+        schedule.save(os.path.join(cfg.output, "schedules", f"{run.name}-seed{seed}-replica{r}.npz"))
 
 
 def checkpoint_dir_for(output: str, run: RunConfig) -> str:
@@ -284,9 +305,8 @@ def run_config(
     histories = []
     for run in cfg.runs:
         schedules = build_schedules(cfg, run)
-        if write:  # the exact arrival schedules, so the run can be replayed (runs[i].schedule_files)
-            for seed, schedule in zip(cfg.seeds, schedules):
-                schedule.save(os.path.join(cfg.output, "schedules", f"{run.name}-seed{seed}.npz"))
+        if write and run.protocol.name != "event_clock":  # the exact schedules, to replay the run (schedule_files)
+            save_schedules(cfg, run, schedules)
         folder = checkpoint_dir_for(cfg.output, run) if checkpointing else None
         meta = {"config": _comparable(config), "run": run.name}
         history = load_history(folder, meta) if folder is not None and resume else None
@@ -299,6 +319,8 @@ def run_config(
                 remove_history(folder)  # never reuse a History of an earlier configuration
             history = run_experiment(cfg, run, task, schedules, progress=progress, checkpoint_dir=folder,
                                      checkpoint_every=checkpoint_every or 1, resume=resume)
+            if write and history.realized_schedules is not None:  # the events the clocked run went through
+                save_realized_schedules(cfg, run, history)
             if folder is not None:
                 save_history(history, folder, meta)
                 checkpoint.clear(folder)  # the History holds all that is left to know

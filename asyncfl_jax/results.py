@@ -67,6 +67,11 @@ class History:
       memory: the memory budget printed before the run (bytes of server, client and in-flight state, data).
       message_bits: bits of one upload, ``{"payload": ..., "index": ...}`` (index: the positions a sparsifying
         compressor sends; 0 otherwise); ``upload_bits`` / ``upload_bits_with_index`` are the cumulative totals.
+      realized_schedules: under the in-scan event clock, the schedule each replica went through (its events were
+        decided during the run); None with pre-sampled schedules. Not in the History file (``asyncfl run`` writes
+        them to ``schedules/``).
+      job_steps: int [R, T] under the event clock, the local step count of the job applied at each server step
+        (AsyncFedED's K); None otherwise.
     """
 
     label: str
@@ -87,6 +92,8 @@ class History:
     memory: dict[str, Any] | None = None
     final_params: np.ndarray | None = None
     message_bits: dict[str, int] | None = None
+    realized_schedules: list[Any] | None = None
+    job_steps: np.ndarray | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -314,6 +321,8 @@ def save_history(history: History, directory: str, meta: Any = None) -> list[str
     array_dicts: dict[str, list[str]] = {}
     for f in dataclasses.fields(History):
         value = getattr(history, f.name)
+        if f.name == "realized_schedules":  # written as schedule files by the runner, not part of the History file
+            continue
         if isinstance(value, np.ndarray):
             arrays[f"array__{f.name}"] = value
         elif isinstance(value, dict) and value and all(isinstance(v, np.ndarray) for v in value.values()):

@@ -504,3 +504,37 @@ def test_scale_all_active_and_concurrent(capsys):
     with capsys.disabled():
         print(f"\n[timing scale] all_active n=100k T=1M: {t1 - t0:.2f}s; "
               f"concurrent n=100k Mc=1000 M=100 T=10k (1M arrivals): {t2 - t1:.2f}s")
+
+
+def test_an_infinite_time_window_is_synchronous_rounds():
+    """AsynFL's time-window server with W = inf waits for everyone: synchronous rounds (of Mc clients)."""
+    delays = DelayModel()
+    window = all_active(6, 5, delays, 1, aggregation="periodic", period=math.inf)
+    rounds = synchronous(6, 5, delays, 1)
+    for field in ("arrival_clients", "arrival_versions", "dispatch_clients", "step_times", "arrival_times"):
+        np.testing.assert_array_equal(getattr(window, field), getattr(rounds, field))
+    assert window.info["period"] == "inf" and window.info["protocol"] == "synchronous"
+    part = concurrent(6, 5, delays, 1, concurrency=3, aggregation="periodic", period=math.inf)
+    np.testing.assert_array_equal(part.arrival_clients, synchronous(6, 5, delays, 1, participants=3).arrival_clients)
+    with pytest.raises(ValueError, match="period must be a finite number > 0"):
+        all_active(6, 5, delays, 1, aggregation="periodic", period=-math.inf)
+
+
+@pytest.mark.parametrize("field,index,value,match", [
+    ("arrival_times", (7, 0), -1.0, r"arrival\[7, 0\]: client \d+ arrives at time -1.0, before its job started"),
+    ("arrival_times", (7, 0), 1e9, r"arrival\[7, 0\]: client \d+ arrives at time 1000000000.0, after step 7 was applied"),
+    ("arrival_times", (7, 0), np.nan, r"arrival\[7, 0\]"),
+    ("dispatch_times", (4, 0), -3.0, r"dispatch\[4, 0\]: client \d+ starts at time -3.0, before the schedule's start"),
+    ("arrival_clients", (3, 0), 99, r"arrival_clients\[3, 0\] = 99 is not a client id in \[0, 10\)"),
+    ("step_times", (6,), -5.0, r"step_times must be non-decreasing: step 6"),
+])
+def test_a_malformed_schedule_file_names_the_entry_at_fault(tmp_path, field, index, value, match):
+    s = all_active(10, 20, DelayModel(), 0)
+    path = tmp_path / "s.npz"
+    s.save(path)
+    with np.load(path) as z:
+        entries = {k: np.array(z[k]) for k in z.files}
+    entries[field][index] = value
+    np.savez(path, **entries)
+    with pytest.raises(ValueError, match=match):
+        Schedule.load(path)

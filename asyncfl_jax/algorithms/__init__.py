@@ -7,6 +7,7 @@ from typing import Any, Callable
 from asyncfl_jax.algorithms import staleness
 from asyncfl_jax.algorithms.base import Algorithm, ServerMeta, ServerState
 from asyncfl_jax.algorithms.area import area, as_fedavg
+from asyncfl_jax.algorithms.asyncfeded import asyncfeded
 from asyncfl_jax.algorithms.buffered import asgd, delay_adaptive_asgd, fedavg, fedbuff
 from asyncfl_jax.algorithms.ca2fl import ca2fl, mf_ca2fl
 from asyncfl_jax.algorithms.compression import (COMPRESSORS, Compressor, asynfl, asynflc, asynflc_ef, compressed,
@@ -32,8 +33,9 @@ REGISTRY: dict[str, Callable[..., Algorithm]] = {
 }
 # Every constructor also accepts ``compressor`` (a name in COMPRESSORS), the compressor's options, ``error_feedback``
 # and ``compression_seed`` (see asyncfl_jax.algorithms.compression); AsynFLC and AsynFLC-EF have their own names.
+# AsyncFedED's messages carry the job's start model beside the delta, so it takes no compressor.
 REGISTRY = {name: with_compression_options(make) for name, make in REGISTRY.items()}
-REGISTRY.update({"asynflc": asynflc, "asynflc_ef": asynflc_ef})
+REGISTRY.update({"asynflc": asynflc, "asynflc_ef": asynflc_ef, "asyncfeded": asyncfeded})
 """Algorithm constructors by name; keyword options are passed through."""
 
 
@@ -48,6 +50,6 @@ def get_algorithm(name: str, **options: Any) -> Algorithm:
 
 
 __all__ = ["Algorithm", "COMPRESSORS", "Compressor", "REGISTRY", "ServerMeta", "ServerState", "ace", "aced", "area",
-           "as_fedavg", "asgd", "asynfl", "asynflc", "asynflc_ef", "ca2fl", "compressed", "delay_adaptive_asgd",
+           "as_fedavg", "asyncfeded", "asgd", "asynfl", "asynflc", "asynflc_ef", "ca2fl", "compressed", "delay_adaptive_asgd",
            "error_feedback", "fedasync", "fedavg", "fedbuff", "get_algorithm", "make_compressor", "message_bits",
            "mf_ca2fl", "mifa", "staleness"]

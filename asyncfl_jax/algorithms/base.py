@@ -17,6 +17,10 @@ An asynchronous FL algorithm is described by what each client sends and how the 
   that step produced (it is the schedule's ``x_0``).
 * ``local_hparams(state, hp) -> hp``: optional; the hyper-parameters that jobs dispatched now train with (AREA's
   decreasing step size reads the server's event counter). ``None`` uses ``hp`` unchanged.
+* ``job_steps(state, clients, hp) -> steps``: optional; the number of local steps (int32, one per client in
+  ``clients``) of the jobs dispatched now, at most ``max_job_steps`` (AsyncFedED's adaptive K). ``None``: every job
+  runs ``local.steps`` steps. Under the in-scan event clock (:mod:`asyncfl_jax.timing.clock`) a job's compute time
+  scales with ``steps / local.steps``.
 
 ``hp`` is a dict of scalar arrays (``server_lr``, ``alpha``...), read at call time so replicas can differ in them under
 ``vmap``; static choices (a staleness function, a normalization rule) are fixed when the algorithm is built.
@@ -73,6 +77,8 @@ class Algorithm(NamedTuple):
     options: Mapping[str, Any] = {}
     init_round: bool = False
     local_hparams: Callable[[Any, HParams], HParams] | None = None
+    job_steps: Callable[[Any, jax.Array, HParams], jax.Array] | None = None
+    max_job_steps: int | None = None
 
 
 def init_model_only(x0: jax.Array, num_clients: int) -> ServerState:

@@ -340,11 +340,17 @@ class JobDurations:
 
     def durations(self, clients: np.ndarray, jobs: np.ndarray) -> np.ndarray:
         """float64, broadcast shape of ``clients`` and ``jobs``: duration of job ``jobs`` of client ``clients``."""
+        return self.compute_times(clients, jobs) + self.delays.comm_time
+
+    def compute_times(self, clients: np.ndarray, jobs: np.ndarray) -> np.ndarray:
+        """float64: the durations without ``comm_time`` (``s_i * eps`` or ``s_i + eps``), what scales with the work of
+        a job under the in-scan event clock."""
         clients = np.asarray(clients, dtype=np.int64)
         jobs = np.asarray(jobs, dtype=np.int64)
         u1, u2 = counter_uniforms(self.key, clients, jobs)
         noise = self.delays.noise_from_uniforms(u1, u2)
-        return self.delays.combine_durations(self.speeds[clients], noise)
+        speeds = self.speeds[clients]
+        return speeds * noise if self.delays.combine == "multiply" else speeds + noise
 
     def block(self, clients: np.ndarray, first_job: int, count: int) -> np.ndarray:
         """float64 [len(clients), count]: jobs ``first_job .. first_job+count-1`` of each client in ``clients``."""

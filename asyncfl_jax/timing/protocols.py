@@ -805,7 +805,8 @@ def _check_clock(aggregation: Any, period: Any, rate: Any) -> tuple[str, float |
     if aggregation == "periodic":
         if period is None:
             raise ValueError("aggregation='periodic' requires period (the time between server steps, > 0)")
-        period = _check_positive("period", period)
+        if not (isinstance(period, numbers.Real) and not isinstance(period, bool) and period == math.inf):
+            period = _check_positive("period", period)  # inf: wait for everyone (synchronous rounds)
     elif period is not None:
         raise ValueError(f"period is only used with aggregation='periodic', got period={period!r} with "
                          f"aggregation={aggregation!r}")
@@ -849,7 +850,9 @@ def concurrent(num_clients: int, num_steps: int, delays: DelayModel | Mapping[st
     Server clock (``aggregation="periodic"`` with ``period``, or ``"poisson"`` with ``rate``): step ``t`` is applied
     at the ``t``-th tick (``step_times[t] = (t+1) * period``, or the ``t``-th point of a Poisson process of rate
     ``rate``) with every result that arrived in ``(step_times[t-1], step_times[t]]`` (possibly none: an empty step).
-    Refill is immediate only (``refill="boundary"`` raises) and ``buffer_size`` must not be given. The arrival width
+    Refill is immediate only (``refill="boundary"`` raises) and ``buffer_size`` must not be given. ``period=inf``
+    (a window that waits for everyone) gives synchronous rounds: :func:`synchronous` with ``participants = Mc``
+    (all clients when ``Mc = n``; ``info`` then also says ``aggregation="periodic", period="inf"``). The arrival width
     ``M`` is the largest number of arrivals in a step (at least 1), the dispatch width the largest number of
     dispatches; shorter rows are padded with -1.
 
@@ -879,6 +882,8 @@ def concurrent(num_clients: int, num_steps: int, delays: DelayModel | Mapping[st
             raise ValueError(f"refill must be 'immediate' with aggregation={aggregation!r} (an arriving client is "
                              f"replaced at once), got refill={refill!r}")
         M = None
+    if period == math.inf:  # a window that waits for every client in flight: synchronous rounds of Mc clients
+        return _infinite_window(synchronous(n, T, delays, seed, participants=None if Mc == n else Mc))
     if _needs_event_loop(n, delays, aggregation):
         return _general_event_loop("concurrent", n, T, delays, seed, Mc, M, refill, aggregation, period, rate)
     if Mc == n and M == 1:
@@ -902,11 +907,18 @@ def all_active(num_clients: int, num_steps: int, delays: DelayModel | Mapping[st
     """
     n, T, delays, seed = _check_common(num_clients, num_steps, delays, seed)
     aggregation, period, rate = _check_clock(aggregation, period, rate)
+    if period == math.inf:  # a window that waits for everyone: synchronous rounds of all clients
+        return _infinite_window(synchronous(n, T, delays, seed))
     if _needs_event_loop(n, delays, aggregation):
         M = 1 if aggregation == "count" else None
         return _general_event_loop("all_active", n, T, delays, seed, n, M, "immediate", aggregation, period, rate)
     schedule = _concurrent_fast(n, T, delays, seed, "immediate")
     return dataclasses.replace(schedule, info=_info("all_active", n, T, delays, seed, concurrency=n, buffer_size=1))
+
+
+def _infinite_window(schedule: Schedule) -> Schedule:
+    """A synchronous schedule standing for a time-window server with ``period = inf``."""
+    return dataclasses.replace(schedule, info={**schedule.info, "aggregation": "periodic", "period": "inf"})
 
 
 def synchronous(num_clients: int, num_steps: int, delays: DelayModel | Mapping[str, Any], seed: int,

@@ -188,10 +188,11 @@ class Schedule:
         """Raises ``ValueError`` naming the first entry that breaks the schedule's invariants.
 
         Checked: shapes and dtypes agree; client ids in ``[-1, n)``; slots in ``[0, S)`` where a client is given;
-        versions in ``[0, t]`` (staleness >= 0); step times non-decreasing; every arrival reads a slot whose last
-        write was a job of the same client and version that has not been read yet. A slot may be written again before
-        it is read only if it holds a job of a dropped client (``info["dropped_clients"]``) that never arrives, by a
-        job of a later dispatch row started at or after ``info["dropout_time"]``.
+        versions in ``[0, t]`` (staleness >= 0); step times non-decreasing; no job starts before ``init_time``; every
+        result arrives after its job started (no negative duration) and by its step's time; every arrival reads a
+        slot whose last write was a job of the same client and version that has not been read yet. A slot may be
+        written again before it is read only if it holds a job of a dropped client (``info["dropped_clients"]``) that
+        never arrives, by a job of a later dispatch row started at or after ``info["dropout_time"]``.
         """
         T, M = self.arrival_clients.shape
         n, S = self.num_clients, self.num_slots
@@ -213,23 +214,29 @@ class Schedule:
             ids = getattr(self, name)
             bad = np.argwhere((ids < -1) | (ids >= n))
             if bad.size:
-                raise ValueError(f"{name}{tuple(bad[0])} = {ids[tuple(bad[0])]} is not a client id in [0, {n})")
+                where = ", ".join(str(int(i)) for i in bad[0])
+                raise ValueError(f"{name}[{where}] = {int(ids[tuple(bad[0])])} is not a client id in [0, {n})")
         if np.any(np.diff(self.step_times) < 0):
             t = int(np.argmax(np.diff(self.step_times) < 0)) + 1
             raise ValueError(f"step_times must be non-decreasing: step {t} at {self.step_times[t]} < {self.step_times[t - 1]}")
         # Replay the slot protocol: slot -> (client, version) of the job it holds.
         holder: dict[int, tuple[int, int]] = {}
+        started: dict[int, float] = {}  # slot -> start time of the job it holds
         dropped = set(int(c) for c in self.info.get("dropped_clients", ()))
         dropout_time = float(self.info.get("dropout_time", np.inf))
 
         def start(where: str, client: int, slot: int, version: int, when: float) -> None:
             if not 0 <= slot < S:
                 raise ValueError(f"{where}: slot {slot} of client {client} is not in [0, {S})")
+            if not when >= float(self.init_time):  # nan fails too
+                raise ValueError(f"{where}: client {client} starts at time {when}, before the schedule's start "
+                                 f"{float(self.init_time)} (or not a number)")
             if slot in holder:
                 held_by, held_version = holder[slot]
                 if not (held_by in dropped and held_version < version and when >= dropout_time):
                     raise ValueError(f"{where}: slot {slot} is still held by client {held_by}")
             holder[slot] = (client, version)
+            started[slot] = when
 
         for j, (c, s) in enumerate(zip(self.init_clients.tolist(), self.init_slots.tolist())):
             if c >= 0:
@@ -240,8 +247,9 @@ class Schedule:
                 if c >= 0:
                     start(f"dispatch[{t}, {j}]", c, s, t, w)
             freed = []
-            for j, (c, s, v) in enumerate(
-                zip(self.arrival_clients[t].tolist(), self.arrival_slots[t].tolist(), self.arrival_versions[t].tolist())
+            for j, (c, s, v, a) in enumerate(
+                zip(self.arrival_clients[t].tolist(), self.arrival_slots[t].tolist(), self.arrival_versions[t].tolist(),
+                    self.arrival_times[t].tolist())
             ):
                 if c < 0:
                     continue
@@ -252,6 +260,12 @@ class Schedule:
                         f"arrival[{t}, {j}]: client {c} (version {v}) reads slot {s}, which holds {holder.get(s)}; "
                         "every arrival must be preceded by its dispatch"
                     )
+                if not a >= started[s]:  # nan fails too
+                    raise ValueError(f"arrival[{t}, {j}]: client {c} arrives at time {a}, before its job started "
+                                     f"(at {started[s]}): a negative duration")
+                if not a <= self.step_times[t]:
+                    raise ValueError(f"arrival[{t}, {j}]: client {c} arrives at time {a}, after step {t} was applied "
+                                     f"(at {self.step_times[t]})")
                 freed.append(s)
             for s in freed:
                 del holder[s]

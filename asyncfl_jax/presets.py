@@ -1,0 +1,79 @@
+"""The hyper-parameters the papers selected, as ready-made runs (``asyncfl run --preset NAME``).
+
+A preset is named ``<paper>/<task>/<method>`` and gives the algorithm, its options and hyper-parameters, the protocol
+and the local-training settings of that method in that paper's experiments. ``asyncfl run --preset`` puts them into
+the configuration (so ``config.json`` holds the expanded values); other command-line options given with it override
+them.
+
+AsyncFedED (Wang et al. 2022; digest 001, Tables 1-4 and App. B.4). Every method uses SGD with momentum 0.5 and
+K = 10 local steps (AsyncFedED: K_init = 10), batch 10 (the paper gives none; digest recommendation), local learning
+rate 0.01 (Synthetic, FEMNIST) or 1.0 (Shakespeare):
+
+============  ==========================================  ===========  ===========  ===========
+method        hyper-parameters                            Synthetic    FEMNIST      Shakespeare
+============  ==========================================  ===========  ===========  ===========
+asyncfeded    lambda, epsilon (= lambda / (lambda/eps))   5, 5         1, 1         5, 10
+              gamma_bar, kappa                            3, 1         3, 0.05      3, 1
+fedasync_     alpha                                       0.1          0.5          0.1
+constant
+fedasync_     alpha (the Constant alpha; not stated),     0.1; 5, 5    0.5; 0.5,    0.1; 15, 15
+hinge         a, b                                                     0.5
+fedprox       mu (synchronous rounds of all clients)      0.1          1            0.01
+fedavg        (synchronous rounds of all clients)         -            -            -
+============  ==========================================  ===========  ===========  ===========
+
+Not reproduced: the paper decays the local learning rate by 0.995 (per local round, digest recommendation); here it
+is constant. AsyncFedED's K is capped at 50 (the paper has no cap; digest 001, section 2.6).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from typing import Any
+
+_ASYNC = {"name": "event_clock"}  # every client always training, one arrival per step, durations follow K
+_SYNC = {"name": "synchronous", "participants": None}
+
+_ASYNCFEDED_TASKS = {
+    # task: (local lr, AsyncFedED (lambda, epsilon, gamma_bar, kappa), Constant alpha, Hinge (a, b), FedProx mu)
+    "synthetic": (0.01, (5.0, 5.0, 3.0, 1.0), 0.1, (5.0, 5.0), 0.1),
+    "femnist": (0.01, (1.0, 1.0, 3.0, 0.05), 0.5, (0.5, 0.5), 1.0),
+    "shakespeare": (1.0, (5.0, 10.0, 3.0, 1.0), 0.1, (15.0, 15.0), 0.01),
+}
+
+
+def _asyncfeded_presets() -> dict[str, dict[str, Any]]:
+    out = {}
+    for task, (lr, (lam, eps, gamma_bar, kappa), alpha, (a, b), mu) in _ASYNCFEDED_TASKS.items():
+        local = {"steps": 10, "batch_size": 10, "lr": lr, "momentum": 0.5}
+        runs = {
+            "asyncfeded": {"algorithm": "asyncfeded", "options": {"initial_steps": 10, "max_steps": 50},
+                           "hparams": {"feded_lambda": lam, "feded_epsilon": eps, "target_staleness": gamma_bar,
+                                       "kappa": kappa}, "protocol": _ASYNC},
+            "asyncfeded_constant_k": {"algorithm": "asyncfeded", "options": {"initial_steps": 10,
+                                                                              "adaptive_steps": False},
+                                      "hparams": {"feded_lambda": lam, "feded_epsilon": eps}, "protocol": _ASYNC},
+            "fedasync_constant": {"algorithm": "fedasync", "options": {"staleness": "constant"},
+                                  "hparams": {"alpha": alpha}, "protocol": _ASYNC},
+            "fedasync_hinge": {"algorithm": "fedasync", "options": {"staleness": "hinge"},
+                               "hparams": {"alpha": alpha, "staleness_a": a, "staleness_b": b}, "protocol": _ASYNC},
+            "fedprox": {"algorithm": "fedavg", "options": {}, "hparams": {"prox_mu": mu}, "protocol": _SYNC},
+            "fedavg": {"algorithm": "fedavg", "options": {}, "hparams": {}, "protocol": _SYNC},
+        }
+        for method, run in runs.items():
+            out[f"asyncfeded/{task}/{method}"] = {**run, "label": method, "local": local}
+    return out
+
+
+PRESETS: dict[str, dict[str, Any]] = _asyncfeded_presets()
+"""Every preset by name: ``{"label", "algorithm", "options", "hparams", "protocol", "local"}``."""
+
+
+def get_preset(name: str) -> dict[str, Any]:
+    """A copy of the preset ``name``; an unknown name is an error that suggests the closest one."""
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, list(PRESETS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown preset {name!r} (known: {sorted(PRESETS)}){hint}")
+    return copy.deepcopy(PRESETS[name])
