@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from asyncfl_jax.algorithms.base import Algorithm, ServerMeta
 from asyncfl_jax.client import LocalConfig
-from asyncfl_jax.engine import SERVER_STREAM, Program, build_program
+from asyncfl_jax.engine import SERVER_STREAM, Program, build_program, with_evaluation
 from asyncfl_jax.task import Task, TaskArrays
 from asyncfl_jax.timing.clock import ClockTables
 
@@ -117,10 +117,10 @@ class ClockChunk(NamedTuple):
 
 
 def build_clocked_program(task: Task, algorithm: Algorithm, local: LocalConfig, job_sharding: Any = None) -> Program:
-    """The pure ``init``/``chunk``/``frozen_chunk``/``evaluate`` of a clocked run (not vmapped; see the module
-    docstring). ``init(tables, hp, key, data)`` takes the tables of the initial jobs (``W >= 1``); ``chunk(carry,
-    ClockChunk, hp, key, data)`` returns the carry and a dict with the evaluation metrics and, per step, the trace
-    (:data:`TRACE_NAMES`, each [E])."""
+    """The pure pieces of a clocked run (a :class:`~asyncfl_jax.engine.Program`, not vmapped; see the module
+    docstring). ``init(tables, hp, key, data)`` takes the tables of the initial jobs (``W >= 1``); ``advance(carry,
+    ClockChunk, hp, key, data)`` returns the carry and, per step, the trace (:data:`TRACE_NAMES`, each [E]);
+    ``chunk`` adds the evaluation metrics."""
     base = build_program(task, algorithm, local, num_slots=1, job_sharding=job_sharding)
     n = task.num_clients
     nominal = float(local.steps)
@@ -279,14 +279,13 @@ def build_clocked_program(task: Task, algorithm: Algorithm, local: LocalConfig, 
         carry, trace = jax.lax.scan(body, carry, chunk.steps)
         return carry, dict(zip(TRACE_NAMES, trace))
 
-    def chunk(carry: ClockedCarry, part: ClockChunk, hp, key: jax.Array, data: TaskArrays):
-        carry, trace = advance(carry, part, hp, key, data)
-        return carry, {**base.evaluate(algorithm.params(carry.server), data), **trace}
-
-    def frozen_chunk(carry: ClockedCarry, part: ClockChunk, hp, key: jax.Array, data: TaskArrays):
+    def frozen_advance(carry: ClockedCarry, part: ClockChunk, hp, key: jax.Array, data: TaskArrays):
+        """``advance``, except that a replica that diverged earlier keeps its state (its records say client -1)."""
         frozen = carry.diverged_at >= 0
         new, trace = advance(carry, part, hp, key, data)
         new = jax.tree_util.tree_map(lambda old, updated: jnp.where(frozen, old, updated), carry, new)
-        return new, {**base.evaluate(algorithm.params(new.server), data), **trace}
+        trace = {**trace, "client": jnp.where(frozen, -1, trace["client"])}
+        return new, trace
 
-    return Program(init=init, chunk=chunk, evaluate=base.evaluate, frozen_chunk=frozen_chunk)
+    return with_evaluation(Program(init=init, advance=advance, frozen_advance=frozen_advance,
+                                   evaluate=base.evaluate), algorithm)

@@ -194,17 +194,21 @@ def stack_hparams(replicas: Sequence[Replica]) -> dict[str, jax.Array]:
 class Program:
     """The pure pieces of one experiment (one task, algorithm and local-training setting), not yet vmapped.
 
-    ``init(sched, hp, key, data) -> Carry`` (``sched``: :class:`ScheduleArrays`); ``chunk(carry, steps, hp, key,
-    data) -> (Carry, metrics)`` (``steps``: :class:`StepArrays` of the chunk's steps); ``evaluate(flat, data) ->
-    metrics``. ``data`` is the task's :class:`TaskArrays`, an argument so that compiled programs do not embed the
-    dataset. None of them has a replica axis. ``frozen_chunk`` is ``chunk`` that leaves a replica marked diverged
-    unchanged (the host loop switches to it once a replica has diverged). ``train``, ``initialization_round`` and
+    ``init(sched, hp, key, data) -> Carry`` (``sched``: :class:`ScheduleArrays`); ``advance(carry, steps, hp, key,
+    data) -> (Carry, outputs)`` runs a chunk of server steps (``steps``: :class:`StepArrays` of the chunk's steps;
+    ``outputs``: per-step records, empty here); ``evaluate(flat, data) -> metrics``; ``chunk`` is ``advance`` then
+    ``evaluate`` (its outputs joined to the metrics). ``data`` is the task's :class:`TaskArrays`, an argument so that
+    compiled programs do not embed the dataset. None of them has a replica axis. ``frozen_advance`` and
+    ``frozen_chunk`` leave a replica marked diverged unchanged (the host loop switches to them once a replica has
+    diverged). :func:`simulate` evaluates separately, one replica after the other. ``train``, ``initialization_round`` and
     ``job_hparams`` are the building blocks the in-scan event clock (:mod:`asyncfl_jax.clocked`) reuses.
     """
 
     init: Callable[..., Carry]
-    chunk: Callable[..., tuple[Carry, dict[str, jax.Array]]]
+    advance: Callable[..., tuple[Carry, dict[str, jax.Array]]]
     evaluate: Callable[[jax.Array, TaskArrays], dict[str, jax.Array]]
+    frozen_advance: Callable[..., tuple[Carry, dict[str, jax.Array]]]
+    chunk: Callable[..., tuple[Carry, dict[str, jax.Array]]] | None = None
     frozen_chunk: Callable[..., tuple[Carry, dict[str, jax.Array]]] | None = None
     train: Callable[..., tuple[Any, Any]] | None = None
     initialization_round: Callable[..., Any] | None = None
@@ -342,20 +346,34 @@ def build_program(
 
         return jax.lax.scan(body, carry, steps)[0]
 
-    def chunk(carry: Carry, steps: StepArrays, hp, key: jax.Array, data: TaskArrays):
-        carry = advance(carry, steps, hp, key, data)
-        return carry, evaluate(algorithm.params(carry.server), data)
+    def advance_chunk(carry: Carry, steps: StepArrays, hp, key: jax.Array, data: TaskArrays):
+        return advance(carry, steps, hp, key, data), {}
 
-    def frozen_chunk(carry: Carry, steps: StepArrays, hp, key: jax.Array, data: TaskArrays):
-        """``chunk``, except that a replica that diverged in an earlier chunk keeps its state unchanged. It keeps the
+    def frozen_advance(carry: Carry, steps: StepArrays, hp, key: jax.Array, data: TaskArrays):
+        """``advance``, except that a replica that diverged in an earlier chunk keeps its state unchanged. It keeps the
         old state beside the new one (one copy of the state per chunk), so it is only used once a replica diverged."""
         frozen = carry.diverged_at >= 0
         new = advance(carry, steps, hp, key, data)
-        new = jax.tree_util.tree_map(lambda old, updated: jnp.where(frozen, old, updated), carry, new)
-        return new, evaluate(algorithm.params(new.server), data)
+        return jax.tree_util.tree_map(lambda old, updated: jnp.where(frozen, old, updated), carry, new), {}
 
-    return Program(init=init, chunk=chunk, evaluate=evaluate, frozen_chunk=frozen_chunk, train=train,
-                   initialization_round=initialization_round, job_hparams=job_hparams)
+    return with_evaluation(Program(init=init, advance=advance_chunk, frozen_advance=frozen_advance, evaluate=evaluate,
+                                   train=train, initialization_round=initialization_round, job_hparams=job_hparams),
+                           algorithm)
+
+
+def with_evaluation(program: Program, algorithm: Algorithm) -> Program:
+    """``program`` with ``chunk`` / ``frozen_chunk``: ``advance`` / ``frozen_advance`` followed by an evaluation of the
+    global model (the metrics joined to the other outputs)."""
+
+    def evaluated(advance_fn):
+        def chunk(carry, inputs, hp, key, data):
+            carry, outputs = advance_fn(carry, inputs, hp, key, data)
+            return carry, {**program.evaluate(algorithm.params(carry.server), data), **outputs}
+
+        return chunk
+
+    return dataclasses.replace(program, chunk=evaluated(program.advance),
+                               frozen_chunk=evaluated(program.frozen_advance))
 
 
 def make_simulation(
@@ -491,10 +509,16 @@ def simulate(
         print(f"{name}: {budget.describe()}", file=sys.stderr, flush=True)
     budget.check()
     init_fn = jax.jit(jax.vmap(program.init, in_axes=(sched_axis, 0, 0, None)))
-    chunk_fn = jax.jit(jax.vmap(program.chunk, in_axes=(0, chunk_axis, 0, 0, None)), donate_argnums=(0,))
-    frozen_chunk_fn = jax.jit(jax.vmap(program.frozen_chunk, in_axes=(0, chunk_axis, 0, 0, None)),
+    chunk_fn = jax.jit(jax.vmap(program.advance, in_axes=(0, chunk_axis, 0, 0, None)), donate_argnums=(0,))
+    frozen_chunk_fn = jax.jit(jax.vmap(program.frozen_advance, in_axes=(0, chunk_axis, 0, 0, None)),
                               donate_argnums=(0,))
-    eval_fn = jax.jit(jax.vmap(program.evaluate, in_axes=(0, None)))
+
+    @jax.jit
+    def eval_fn(server: Any, data: TaskArrays) -> dict[str, jax.Array]:
+        # One replica after the other (lax.map, not vmap): each replica's evaluation is then the same computation
+        # whatever the number of replicas, so a sweep's metrics equal those of its runs done one by one, bit for bit.
+        params = jax.vmap(algorithm.params)(server)
+        return jax.lax.map(lambda p: program.evaluate(p, data), params)
 
     num_chunks = -(-T // eval_every)
     identity, state = None, None
@@ -511,7 +535,7 @@ def simulate(
     t0 = time.perf_counter()
     if state is None:
         carry = init_fn(sched, hp, keys, data)
-        first = eval_fn(jax.vmap(algorithm.params)(carry.server), data)
+        first = eval_fn(carry.server, data)
         jax.block_until_ready(first)
         state = checkpoint.LoopState(
             next_chunk=0, eval_steps=[0], metrics={k: [np.asarray(first[k])] for k in METRIC_NAMES}, reported=set(),
@@ -557,6 +581,7 @@ def simulate(
                     compiled[variant] = fn.lower(state.carry, part, hp, keys, data).compile()
                     loop_compile_seconds += time.perf_counter() - tc
                 new_carry, out = compiled[variant](state.carry, part, hp, keys, data)
+                out = {**out, **eval_fn(new_carry.server, data)}
                 traces = {k: np.asarray(v) for k, v in out.items() if k not in METRIC_NAMES}
                 out = {k: np.asarray(out[k]) for k in METRIC_NAMES}
                 diverged = np.asarray(new_carry.diverged_at)
@@ -634,8 +659,7 @@ def simulate(
         final_params=np.asarray(jax.vmap(algorithm.params)(carry.server)),
         memory=budget.as_dict(),
         realized_schedules=realized,
-        job_steps=(np.concatenate(state.traces["steps"], axis=1)[:, : int(steps[-1])] if clocks is not None
-                   else None),
+        job_steps=_job_steps(state.traces, int(steps[-1])) if clocks is not None else None,
     )
 
 
@@ -787,6 +811,13 @@ def _clock_descriptions(clocks: Sequence[Any]) -> np.ndarray:
     return np.frombuffer(json.dumps([c.info for c in clocks], sort_keys=True).encode(), dtype=np.uint8)
 
 
+def _job_steps(traces: Mapping[str, list[np.ndarray]], num_steps: int) -> np.ndarray:
+    """int [R, T]: the local step count of the job applied at each step (-1 once a replica was frozen)."""
+    steps = np.concatenate(traces["steps"], axis=1)[:, :num_steps]
+    clients = np.concatenate(traces["client"], axis=1)[:, :num_steps]
+    return np.where(np.minimum.accumulate(clients, axis=1) < 0, -1, steps)
+
+
 def _realized_schedules(clocks: Sequence[Any], traces: Mapping[str, list[np.ndarray]], carry: Any,
                         num_steps: int) -> list[Schedule]:
     """Rebuilds each clocked replica's schedule from the per-step traces and the jobs that never arrived."""
@@ -796,9 +827,11 @@ def _realized_schedules(clocks: Sequence[Any], traces: Mapping[str, list[np.ndar
     clock = jax.device_get(carry.clock)
     out = []
     for r, c in enumerate(clocks):
-        start = trace["start_hi"][r].astype(np.float64) + trace["start_lo"][r]
-        arrival = trace["arrival_hi"][r].astype(np.float64) + trace["arrival_lo"][r]
-        recorded = Trace(trace["client"][r], trace["row"][r], trace["col"][r], trace["steps"][r], start, arrival)
+        frozen = np.flatnonzero(trace["client"][r] < 0)  # a diverged replica is frozen: its schedule stops there
+        end = int(frozen[0]) if frozen.size else trace["client"].shape[1]
+        start = trace["start_hi"][r][:end].astype(np.float64) + trace["start_lo"][r][:end]
+        arrival = trace["arrival_hi"][r][:end].astype(np.float64) + trace["arrival_lo"][r][:end]
+        recorded = Trace(*(trace[k][r][:end] for k in ("client", "row", "col", "steps")), start, arrival)
         in_flight = np.isfinite(clock.finish.hi[r])
         lost = clock.discarded_row[r] >= 0
         open_jobs = OpenJobs(
@@ -828,7 +861,7 @@ def _swept_description(replicas: Sequence[Replica], r: int) -> str:
 def _times_at(schedule: Schedule, steps: np.ndarray) -> np.ndarray:
     """Virtual time after ``steps`` server steps (the initial time for 0)."""
     times = np.concatenate([[schedule.init_time], schedule.step_times])
-    return times[steps].astype(np.float64)
+    return times[np.minimum(steps, schedule.num_steps)].astype(np.float64)  # a frozen clocked replica stops early
 
 
 def _message_bits(algorithm: Algorithm, task: Task) -> dict[str, int]:
@@ -839,7 +872,7 @@ def _message_bits(algorithm: Algorithm, task: Task) -> dict[str, int]:
 
 def _uploads_at(schedule: Schedule, steps: np.ndarray) -> np.ndarray:
     cumulative = np.concatenate([[0], np.cumsum(schedule.uploads_per_step)])
-    return cumulative[steps].astype(np.int64)
+    return cumulative[np.minimum(steps, schedule.num_steps)].astype(np.int64)
 
 
 def _progress_bar(total: int, enabled: bool, desc: str, initial: int = 0):

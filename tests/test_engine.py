@@ -60,23 +60,27 @@ def test_same_seed_same_history(task, schedule):
 
 
 def test_history_does_not_depend_on_eval_cadence(task, schedule):
+    """Bit for bit: the chunk length changes where the scan stops to evaluate, not what a step computes."""
     a = simulate(task, fedbuff(), schedule, LOCAL, seeds=[0], eval_every=7, progress=False)
     b = simulate(task, fedbuff(), schedule, LOCAL, seeds=[0], eval_every=40, progress=False)
-    np.testing.assert_allclose(a.final_params, b.final_params, rtol=1e-6, atol=1e-7)
+    assert a.final_params.tobytes() == b.final_params.tobytes()
     assert list(a.steps) == [0, 7, 14, 21, 28, 35, 40] and list(b.steps) == [0, 40]
-    np.testing.assert_allclose(a.metrics["test_accuracy"][:, -1], b.metrics["test_accuracy"][:, -1], atol=1e-6)
+    for k in a.metrics:
+        assert a.metrics[k][:, [0, -1]].tobytes() == b.metrics[k].tobytes(), k
 
 
 def test_vmapped_replicas_equal_runs_one_by_one(task, schedule):
-    """A sweep (2 seeds x 2 client learning rates) as one program equals the four runs done separately."""
+    """A sweep (2 seeds x 2 client learning rates) as one program equals the four runs done separately, bit for bit
+    (on the CPU; batched accelerator kernels may differ in the last bits)."""
     together = simulate(task, fedbuff(), schedule, LOCAL, seeds=[0, 1], hparams={"client_lr": [0.05, 0.2]},
                         eval_every=20, progress=False)
     assert together.num_replicas == 4 and together.swept == ["client_lr"]
     for r, (seed, hp) in enumerate(zip(together.seeds, together.hparams)):
         alone = simulate(task, fedbuff(), schedule, LOCAL, seeds=[seed], hparams={"client_lr": hp["client_lr"]},
                          eval_every=20, progress=False)
-        np.testing.assert_allclose(together.final_params[r], alone.final_params[0], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(together.metrics["test_loss"][r], alone.metrics["test_loss"][0], rtol=1e-5)
+        assert together.final_params[r].tobytes() == alone.final_params[0].tobytes()
+        for k in together.metrics:
+            assert together.metrics[k][r].tobytes() == alone.metrics[k][0].tobytes(), k
 
 
 def test_per_seed_schedules(task):

@@ -133,7 +133,7 @@ def test_replicas_with_their_own_clocks_run_together_as_alone(toy):
         np.testing.assert_array_equal(together.job_steps[r], alone.job_steps[0])
         np.testing.assert_array_equal(together.realized_schedules[r].arrival_clients,
                                       alone.realized_schedules[0].arrival_clients)
-        np.testing.assert_allclose(together.final_params[r], alone.final_params[0], rtol=1e-5, atol=1e-6)
+        assert together.final_params[r].tobytes() == alone.final_params[0].tobytes()
 
 
 def test_a_clocked_run_resumes_from_its_checkpoint_bit_for_bit(toy, tmp_path, monkeypatch):
@@ -224,3 +224,18 @@ def test_asyncfeded_runs_on_the_event_clock_by_default_and_bad_clock_options_are
         validate(type(cfg).from_dict(raw))
     with pytest.raises(ConfigError, match="--preset and --algorithm"):
         _config("--preset", "asyncfeded/femnist/fedavg", "--algorithm", "fedbuff")
+
+
+def test_a_diverged_clocked_replica_is_frozen_and_its_schedule_stops(toy):
+    task, _, _ = toy
+    alg = asyncfeded(initial_steps=3, max_steps=6)
+    with pytest.warns(RuntimeWarning, match="diverged"):
+        history = run(task, alg, EventClock(N, 40, DelayModel(), seed=0),
+                      hparams={**FEDED_HP, "client_lr": [0.3, 1e38]}, eval_every=10)
+    assert history.diverged_at[0] == -1 and history.diverged_at[1] >= 0
+    healthy, frozen = history.realized_schedules
+    assert healthy.num_steps == 40 and 0 < frozen.num_steps < 40
+    frozen.validate()
+    assert (history.job_steps[1, frozen.num_steps:] == -1).all() and (history.job_steps[0] >= 1).all()
+    assert np.isfinite(history.metrics["test_loss"][0]).all()
+    assert history.times[1, -1] == frozen.step_times[-1]

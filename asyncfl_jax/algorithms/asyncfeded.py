@@ -106,7 +106,8 @@ def asyncfeded(initial_steps: int = 10, max_steps: int = 50, min_steps: int = 1,
         def apply_one(s: AsyncFedEDState, item):
             message, client, real = item
             gamma, delta_norm = euclidean_staleness(s.x, message.start, message.delta)  # Eq. 6
-            used = real & (delta_norm >= TINY_NORM) & (gamma <= bound)
+            # (written so that a NaN delta is applied, not skipped: divergence must show in x)
+            used = real & ~(delta_norm < TINY_NORM) & ~(gamma > bound)
             eta_g = hp["feded_lambda"] / (gamma + hp["feded_epsilon"])  # Eq. 7
             x = jnp.where(used, s.x + eta_g * message.delta, s.x)  # Eq. 5
             k = s.steps[client]
