@@ -29,3 +29,29 @@ def test_bias_correction_demo_runs_and_writes_its_table(tmp_path, capsys):
     assert len(results) == 2 * len(demo.METHODS)
     assert all(r["uploads"] >= 60 for r in results)  # ACE also counts its initialization round
     assert sorted(os.listdir(out)) == ["accuracy.png", "results.json", "table.md"]
+
+
+def test_compression_demo_runs_in_a_subprocess_and_tables_every_method(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "compression"
+    # The fastest mode, shrunk further: 10 clients, 100 uploads, one local step, on the embedded synthetic data.
+    # XLA's backend optimizations are off in the child to halve the compile time (5 methods, one program each).
+    flags = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+               JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"), XLA_FLAGS=flags)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "demo_compression.py"), "--quick",
+                           "--dataset", "synthetic", "--clients", "10", "--uploads", "100", "--local-steps", "1",
+                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(out)) == ["accuracy_vs_bits.png", "results.json", "table.md"]
+    methods = ["AsynFL", "FedBuff", "AsynFLC top-k", "AsynFLC-EF top-k", "AsynFLC-EF top-k+Q"]
+    table = (out / "table.md").read_text()
+    assert table in proc.stdout  # the table is also printed
+    assert all(f"| {m} |" in table for m in methods)
+    results = json.loads((out / "results.json").read_text())["results"]
+    assert [r["method"] for r in results] == methods
+    assert all(r["uploads"] >= 100 for r in results)
+    payload = {r["method"]: r["message_bits"]["payload"] for r in results}
+    assert payload["AsynFLC-EF top-k+Q"] < payload["AsynFLC-EF top-k"] < payload["AsynFL"] == payload["FedBuff"]
