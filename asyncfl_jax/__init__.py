@@ -18,7 +18,8 @@ arrays, hyper-parameters, key, task arrays) that can be ``jax.jit``-ed and ``jax
 """
 
 from asyncfl_jax import algorithms, data, timing
-from asyncfl_jax.algorithms import Algorithm, ServerMeta, asgd, ca2fl, fedasync, fedavg, fedbuff, get_algorithm
+from asyncfl_jax.algorithms import (Algorithm, ServerMeta, asgd, asyncfeded, ca2fl, fedasync, fedavg, fedbuff,
+                                    get_algorithm)
 from asyncfl_jax.client import LocalConfig, make_local_update
 from asyncfl_jax.engine import (
     ScheduleArrays,
@@ -32,12 +33,14 @@ from asyncfl_jax.models import Model, make_model, model_from_apply
 from asyncfl_jax.results import History, plot_accuracy, write_results
 from asyncfl_jax.task import Task, TaskArrays, make_task, task_arrays
 from asyncfl_jax.timing import DelayModel, Schedule, make_schedule, schedule_summary
+from asyncfl_jax.timing.clock import EventClock
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Algorithm",
     "DelayModel",
+    "EventClock",
     "History",
     "LocalConfig",
     "Model",
@@ -49,6 +52,7 @@ __all__ = [
     "TaskArrays",
     "algorithms",
     "asgd",
+    "asyncfeded",
     "ca2fl",
     "data",
     "default_hparams",

@@ -109,6 +109,7 @@ def run_identity(
     data: Any,
     carry_shape: Any,
     shard_jobs: bool,
+    shard_replicas: bool = False,
 ) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: everything that determines the run's result.
 
@@ -129,6 +130,7 @@ def run_identity(
                  "arrays": tree_signature(data), "x0_sha256": hash_arrays(data.x0)},
         "carry": tree_signature(carry_shape),
         "shard_jobs": bool(shard_jobs),
+        "shard_replicas": bool(shard_replicas),
     })
 
 

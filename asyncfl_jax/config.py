@@ -168,7 +168,8 @@ def default_runs() -> list[RunConfig]:
 @dataclasses.dataclass
 class ExperimentConfig:
     """A whole experiment. ``eval_points``: number of evaluations per run (``eval_every`` overrides it, in steps).
-    ``shard_jobs``: spread each step's jobs over all JAX devices (see :func:`asyncfl_jax.engine.simulate`)."""
+    ``shard_jobs``: spread each step's jobs over all JAX devices; ``shard_replicas``: spread the replicas over them
+    (see :func:`asyncfl_jax.engine.simulate`)."""
 
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -181,6 +182,7 @@ class ExperimentConfig:
     eval_points: int = 30
     eval_every: int | None = None
     shard_jobs: bool = False
+    shard_replicas: bool = False
     output: str = "runs/default"
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -391,6 +393,10 @@ def validate(cfg: ExperimentConfig) -> None:
     _check_int("eval_points", cfg.eval_points, 1)
     if not isinstance(cfg.shard_jobs, bool):
         _fail("shard_jobs", cfg.shard_jobs, "must be true or false")
+    if not isinstance(cfg.shard_replicas, bool):
+        _fail("shard_replicas", cfg.shard_replicas, "must be true or false")
+    if cfg.shard_jobs and cfg.shard_replicas:
+        _fail("shard_replicas", cfg.shard_replicas, "cannot be combined with shard_jobs: choose one axis to spread")
     if cfg.eval_every is not None:
         _check_int("eval_every", cfg.eval_every, 1)
     if not cfg.runs:

@@ -160,6 +160,7 @@ def run_experiment(
         progress=progress,
         label=run.name,
         shard_jobs=cfg.shard_jobs,
+        shard_replicas=cfg.shard_replicas,
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
         resume=resume,

@@ -70,17 +70,19 @@ def test_history_does_not_depend_on_eval_cadence(task, schedule):
 
 
 def test_vmapped_replicas_equal_runs_one_by_one(task, schedule):
-    """A sweep (2 seeds x 2 client learning rates) as one program equals the four runs done separately, bit for bit
-    (on the CPU; batched accelerator kernels may differ in the last bits)."""
+    """A sweep (2 seeds x 2 client learning rates) as one program equals the four runs done separately, up to float
+    rounding: XLA may compile a matmul batched over replicas with another summation order than a single one (in this
+    small setting they happen to agree bit for bit on the CPU, but an MLP with 32 hidden units already differs in the
+    last bits). A replica's evaluation does not depend on the others (it runs replica after replica)."""
     together = simulate(task, fedbuff(), schedule, LOCAL, seeds=[0, 1], hparams={"client_lr": [0.05, 0.2]},
                         eval_every=20, progress=False)
     assert together.num_replicas == 4 and together.swept == ["client_lr"]
     for r, (seed, hp) in enumerate(zip(together.seeds, together.hparams)):
         alone = simulate(task, fedbuff(), schedule, LOCAL, seeds=[seed], hparams={"client_lr": hp["client_lr"]},
                          eval_every=20, progress=False)
-        assert together.final_params[r].tobytes() == alone.final_params[0].tobytes()
+        np.testing.assert_allclose(together.final_params[r], alone.final_params[0], rtol=1e-5, atol=1e-6)
         for k in together.metrics:
-            assert together.metrics[k][r].tobytes() == alone.metrics[k][0].tobytes(), k
+            np.testing.assert_allclose(together.metrics[k][r], alone.metrics[k][0], rtol=1e-5, atol=1e-6)
 
 
 def test_per_seed_schedules(task):
