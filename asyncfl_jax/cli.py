@@ -101,6 +101,9 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shard-jobs", action="store_true",
                    help="spread each step's jobs over all JAX devices (on a CPU, one device per core needs "
                         "XLA_FLAGS=--xla_force_host_platform_device_count=N in the environment)")
+    g.add_argument("--lookahead", type=int, metavar="L",
+                   help="lookahead batching: train the jobs of up to L server steps in one vmapped call when the "
+                        "schedule allows (default 1: off)")
     g.add_argument("--shard-replicas", action="store_true",
                    help="spread the replicas (seeds x swept hyper-parameters) over all JAX devices; their number "
                         "must be a multiple of the device count")
@@ -147,6 +150,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         except ValueError:
             raise ConfigError(f"invalid option --seeds = {args.seeds!r}: must be comma-separated integers") from None
     put("eval_every", args.eval_every)
+    put("lookahead", args.lookahead)
     if args.shard_jobs:
         raw["shard_jobs"] = True
     if args.shard_replicas:
@@ -225,7 +229,7 @@ def _print_algorithms() -> None:
 _CONFIG_OPTIONS = ("config", "set", "dataset", "data_dir", "num_clients", "partition", "dirichlet_alpha", "model",
                    "local_steps", "batch_size", "lr", "algorithm", "option", "staleness", "normalization", "hparam",
                    "protocol", "concurrency", "buffer_size", "refill", "participants", "steps", "arrivals", "speed",
-                   "noise", "seeds", "eval_every", "shard_jobs", "shard_replicas", "preset")
+                   "noise", "seeds", "eval_every", "shard_jobs", "shard_replicas", "preset", "lookahead")
 
 
 def _resumed_config(args: argparse.Namespace) -> ExperimentConfig:

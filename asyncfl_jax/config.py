@@ -168,8 +168,8 @@ def default_runs() -> list[RunConfig]:
 @dataclasses.dataclass
 class ExperimentConfig:
     """A whole experiment. ``eval_points``: number of evaluations per run (``eval_every`` overrides it, in steps).
-    ``shard_jobs``: spread each step's jobs over all JAX devices; ``shard_replicas``: spread the replicas over them
-    (see :func:`asyncfl_jax.engine.simulate`)."""
+    ``shard_jobs``: spread each step's jobs over all JAX devices; ``shard_replicas``: spread the replicas over them;
+    ``lookahead``: lookahead batching window ``L`` (1: off; see :func:`asyncfl_jax.engine.simulate`)."""
 
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -183,6 +183,7 @@ class ExperimentConfig:
     eval_every: int | None = None
     shard_jobs: bool = False
     shard_replicas: bool = False
+    lookahead: int = 1
     output: str = "runs/default"
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -295,6 +296,10 @@ HPARAM_RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "tau_c": (0.0, math.inf, False, False),
     "lr_c": (0.0, math.inf, False, False),
     "lr_d": (0.0, math.inf, False, False),
+    "feded_lambda": (0.0, math.inf, False, False),
+    "feded_epsilon": (0.0, math.inf, False, False),
+    "target_staleness": (0.0, math.inf, True, False),
+    "kappa": (0.0, math.inf, True, False),
 }
 
 
@@ -395,6 +400,7 @@ def validate(cfg: ExperimentConfig) -> None:
         _fail("shard_jobs", cfg.shard_jobs, "must be true or false")
     if not isinstance(cfg.shard_replicas, bool):
         _fail("shard_replicas", cfg.shard_replicas, "must be true or false")
+    _check_int("lookahead", cfg.lookahead, 1, "must be an integer >= 1 (1: no lookahead batching)")
     if cfg.shard_jobs and cfg.shard_replicas:
         _fail("shard_replicas", cfg.shard_replicas, "cannot be combined with shard_jobs: choose one axis to spread")
     if cfg.eval_every is not None:

@@ -67,6 +67,7 @@ class StepArrays(NamedTuple):
     arrival_clients: jax.Array  # int32 [T, M]
     arrival_slots: jax.Array  # int32 [T, M]
     staleness: jax.Array  # int32 [T, M]
+    plan: Any = ()  # LookaheadPlan with lookahead batching, else ()
 
 
 class ScheduleArrays(NamedTuple):
@@ -84,6 +85,25 @@ class Carry(NamedTuple):
     clients: Any  # the algorithm's per-client state (leading client axis)
     pending: Any  # messages of jobs in flight, [S, ...]
     diverged_at: jax.Array  # int32: first server step whose result had a NaN/inf, -1 if none
+    deferred: Any = ()  # lookahead batching: the jobs dispatched since the last flush (:class:`DeferredJobs`)
+
+
+class DeferredJobs(NamedTuple):
+    """Jobs dispatched but not trained yet (lookahead batching), one row per server step since the last flush."""
+
+    x: jax.Array  # [L, d] the model x_t each row's jobs start from
+    step: jax.Array  # int32 [L] the step t of each row (its jobs' keys are fold_in(fold_in(key, t + 1), j))
+    clients: jax.Array  # int32 [L, D] (-1: none)
+    slots: jax.Array  # int32 [L, D]
+    hp: Any  # the rows' job hyper-parameters ([L] per name)
+    steps: Any  # int32 [L, D] local step counts (algorithms with job_steps), else ()
+
+
+class LookaheadPlan(NamedTuple):
+    """Host-computed control of lookahead batching, per server step (shared by every replica)."""
+
+    position: jax.Array  # int32 [T] the buffer row step t's dispatches go to
+    flush: jax.Array  # bool [T] train the buffered jobs at step t, before its arrivals
 
 
 class SimulationOutput(NamedTuple):
@@ -131,6 +151,61 @@ def stack_schedules(schedules: Sequence[Schedule]) -> tuple[ScheduleArrays, int]
     arrays = [schedule_arrays(s, init_width=d0) for s in schedules]
     stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *arrays)
     return stacked, max(s.num_slots for s in schedules)
+
+
+def lookahead_plan(schedules: Sequence[Schedule], lookahead: int) -> tuple[np.ndarray, np.ndarray]:
+    """(position int32 [T], flush bool [T]): the lookahead-batching control, valid for every schedule given.
+
+    Step ``t``'s dispatched jobs go to buffer row ``position[t]``; at a step with ``flush[t]`` the buffer (jobs of
+    steps ``t - position[t] .. t``) is trained before the step's arrivals are read. A flush happens at the first step
+    at which some buffered job arrives (in any of the schedules), or when the buffer is full (``lookahead`` rows).
+    """
+    T = schedules[0].num_steps
+    first_arrival = np.full(T, np.iinfo(np.int64).max, dtype=np.int64)  # earliest arrival of a job dispatched at t
+    for schedule in schedules:
+        for job in _job_arrivals(schedule):
+            t, arrival = job
+            if arrival < first_arrival[t]:
+                first_arrival[t] = arrival
+    position = np.zeros(T, np.int32)
+    flush = np.zeros(T, bool)
+    row, earliest = 0, np.iinfo(np.int64).max
+    for t in range(T):
+        position[t] = row
+        earliest = min(earliest, int(first_arrival[t]))
+        row += 1
+        if earliest <= t or row == lookahead:
+            flush[t] = True
+            row, earliest = 0, np.iinfo(np.int64).max
+    return position, flush
+
+
+def _lookahead_summary(lookahead: int, flush: Any) -> dict[str, Any]:
+    windows = lookahead_windows(np.asarray(flush))
+    return {"L": int(lookahead), "num_windows": int(windows.size),
+            "mean_window": float(windows.mean()) if windows.size else 0.0,
+            "max_window": int(windows.max(initial=0)),
+            "window_histogram": [int(c) for c in np.bincount(windows, minlength=lookahead + 1)[1:]]}
+
+
+def _job_arrivals(schedule: Schedule) -> list[tuple[int, int]]:
+    """(dispatch step, arrival step) of every job of the dispatch rows that arrives (replaying the slots)."""
+    holder: dict[int, int] = {}
+    out = []
+    for t in range(schedule.num_steps):
+        for c, slot in zip(schedule.dispatch_clients[t].tolist(), schedule.dispatch_slots[t].tolist()):
+            if c >= 0:
+                holder[slot] = t
+        for c, slot in zip(schedule.arrival_clients[t].tolist(), schedule.arrival_slots[t].tolist()):
+            if c >= 0 and slot in holder:
+                out.append((holder.pop(slot), t))
+    return out
+
+
+def lookahead_windows(flush: np.ndarray) -> np.ndarray:
+    """The lengths of the lookahead windows (steps between two flushes) of a plan."""
+    ends = np.flatnonzero(flush)
+    return np.diff(np.concatenate([[-1], ends])) if ends.size else np.zeros(0, np.int64)
 
 
 def _slice_steps(steps: StepArrays, start: int, stop: int, replica_axis: bool) -> StepArrays:
@@ -225,12 +300,18 @@ def local_update(task: Task, algorithm: Algorithm, local: LocalConfig) -> Callab
 
 
 def build_program(
-    task: Task, algorithm: Algorithm, local: LocalConfig, num_slots: int, job_sharding: Any = None
+    task: Task, algorithm: Algorithm, local: LocalConfig, num_slots: int, job_sharding: Any = None,
+    lookahead: int = 1,
 ) -> Program:
     """Builds the per-replica ``init`` and ``chunk`` functions (pure; vmappable over replicas).
 
     ``job_sharding`` (a ``jax.sharding.Sharding`` of a 1-D array, optional) spreads the jobs trained together at a
     step over devices; everything else stays replicated. Results equal the unsharded program up to float rounding.
+
+    ``lookahead = L > 1`` turns on lookahead batching: a step's dispatched jobs are not trained at once but recorded
+    (with the model they start from) in a buffer of ``L`` rows, and the buffer is trained in one vmapped call of
+    ``L x D`` jobs at the steps the schedule's :class:`LookaheadPlan` marks (before any buffered job is needed, or when
+    the buffer is full). The steps' ``plan`` must then be given (:func:`lookahead_plan`).
     """
     n = task.num_clients
     local_fn = local_update(task, algorithm, local)
@@ -260,19 +341,23 @@ def build_program(
         return client_steps_in_order(x, clients, valid, results, carry.clients, hp)
 
     def client_steps_in_order(x: jax.Array, clients: jax.Array, valid: jax.Array, results: jax.Array, memory: Any,
-                              hp):
+                              hp, per_job: bool = False):
         """Runs ``algorithm.client`` job by job in dispatch order, so that a client dispatched twice at one step
-        (possible with immediate refill) reads the memory its first job left. O(d) per job."""
+        (possible with immediate refill) reads the memory its first job left. O(d) per job. With ``per_job``, ``x``
+        and ``hp`` have a leading job axis (lookahead batching: jobs of several steps)."""
 
         def one(state, item):
-            client, ok, result = item
+            client, ok, result, x_j, hp_j = item
             row = jax.tree_util.tree_map(lambda c: c[client], state)
-            message, new_row = algorithm.client(x, result, row, hp)
+            message, new_row = algorithm.client(x_j, result, row, hp_j)
             new_row = jax.tree_util.tree_map(lambda new, old: jnp.where(ok, new, old), new_row, row)
             state = jax.tree_util.tree_map(lambda c, r: c.at[client].set(r), state, new_row)
             return state, message
 
-        memory, messages = jax.lax.scan(one, memory, (clients, valid, results))
+        if per_job:
+            memory, messages = jax.lax.scan(one, memory, (clients, valid, results, x, hp))
+        else:
+            memory, messages = jax.lax.scan(lambda st, it: one(st, (*it, x, hp)), memory, (clients, valid, results))
         return messages, memory
 
     def run_jobs(x: jax.Array, clients: jax.Array, slots: jax.Array, keys: jax.Array, carry: Carry, hp,
@@ -316,6 +401,8 @@ def build_program(
         )
         pending = jax.tree_util.tree_map(lambda s: jnp.zeros((num_slots, *s.shape), s.dtype), message_shape)
         carry = Carry(server=server, clients=clients, pending=pending, diverged_at=jnp.int32(-1))
+        if lookahead > 1:
+            carry = carry._replace(deferred=empty_buffer(server, x0, hp, int(sched.steps.dispatch_clients.shape[-1])))
         if algorithm.init_round:
             carry = initialization_round(carry, hp, key, data)
             x0 = algorithm.params(carry.server)  # the schedule's x_0
@@ -326,10 +413,69 @@ def build_program(
             carry = run_jobs(x0, sched.init_clients[start:stop], sched.init_slots[start:stop], keys, carry, hp, data)
         return carry
 
+    def empty_buffer(server: Any, x0: jax.Array, hp, width: int) -> DeferredJobs:
+        job_hp = job_hparams(server, hp)
+        return DeferredJobs(
+            x=jnp.zeros((lookahead, *x0.shape), x0.dtype), step=jnp.zeros((lookahead,), jnp.int32),
+            clients=jnp.full((lookahead, width), -1, jnp.int32), slots=jnp.full((lookahead, width), -1, jnp.int32),
+            hp=jax.tree_util.tree_map(lambda v: jnp.zeros((lookahead,), jnp.asarray(v).dtype), job_hp),
+            steps=jnp.zeros((lookahead, width), jnp.int32) if algorithm.job_steps is not None else (),
+        )
+
+    def defer(carry: Carry, s: StepArrays, hp) -> Carry:
+        """Records step t's dispatches, with x_t and their hyper-parameters, in buffer row ``plan.position``."""
+        buf, row = carry.deferred, s.plan.position
+        clients = s.dispatch_clients
+        job_hp = job_hparams(carry.server, hp)
+        buf = buf._replace(
+            x=buf.x.at[row].set(algorithm.params(carry.server)), step=buf.step.at[row].set(s.step),
+            clients=buf.clients.at[row].set(clients), slots=buf.slots.at[row].set(s.dispatch_slots),
+            hp=jax.tree_util.tree_map(lambda b, v: b.at[row].set(v), buf.hp, job_hp),
+        )
+        if algorithm.job_steps is not None:
+            steps = algorithm.job_steps(carry.server, jnp.where(clients >= 0, clients, 0), hp)
+            buf = buf._replace(steps=buf.steps.at[row].set(steps))
+        return carry._replace(deferred=buf)
+
+    def flush(carry: Carry, key: jax.Array, data: TaskArrays) -> Carry:
+        """Trains every buffered job in one vmapped call (L x D jobs, each from its row's model) and empties the
+        buffer; the messages go to the jobs' slots."""
+        buf = carry.deferred
+        rows, width = buf.clients.shape
+        clients = buf.clients.reshape(-1)
+        valid = clients >= 0
+        clients = jnp.where(valid, clients, 0)
+        row_of_job = jnp.repeat(jnp.arange(rows), width)
+        x_jobs = buf.x[row_of_job]
+        keys = jax.vmap(lambda t, j: jax.random.fold_in(jax.random.fold_in(key, t + 1), j))(
+            buf.step[row_of_job], jnp.tile(jnp.arange(width), rows))
+        hp_jobs = jax.tree_util.tree_map(lambda v: v[row_of_job], buf.hp)
+        if job_sharding is not None:
+            clients = jax.lax.with_sharding_constraint(clients, job_sharding)
+        if algorithm.job_steps is None:
+            results = jax.vmap(local_fn, in_axes=(0, 0, 0, 0, None))(x_jobs, clients, keys, hp_jobs, data.train)
+        else:
+            results = jax.vmap(local_fn, in_axes=(0, 0, 0, 0, None, 0))(x_jobs, clients, keys, hp_jobs, data.train,
+                                                                       buf.steps.reshape(-1))
+        if not jax.tree_util.tree_leaves(carry.clients):
+            messages, _ = jax.vmap(algorithm.client, in_axes=(0, 0, None, 0))(x_jobs, results, carry.clients, hp_jobs)
+            memory = carry.clients
+        else:
+            messages, memory = client_steps_in_order(x_jobs, clients, valid, results, carry.clients, hp_jobs,
+                                                     per_job=True)
+        slot_idx = jnp.where(valid, buf.slots.reshape(-1), num_slots)  # out of range -> dropped
+        pending = jax.tree_util.tree_map(lambda p, m: p.at[slot_idx].set(m, mode="drop"), carry.pending, messages)
+        buf = buf._replace(clients=jnp.full_like(buf.clients, -1))
+        return carry._replace(pending=pending, clients=memory, deferred=buf)
+
     def step(carry: Carry, s: StepArrays, hp, key: jax.Array, data: TaskArrays) -> Carry:
-        x_t = algorithm.params(carry.server)
-        keys = job_keys(key, s.step + 1, s.dispatch_clients.shape[0])
-        carry = run_jobs(x_t, s.dispatch_clients, s.dispatch_slots, keys, carry, hp, data)  # 1. dispatch
+        if lookahead > 1:  # 1. dispatch: record now, train with the buffer when the plan says so
+            carry = defer(carry, s, hp)
+            carry = jax.lax.cond(s.plan.flush, lambda c: flush(c, key, data), lambda c: c, carry)
+        else:  # 1. dispatch: train now
+            x_t = algorithm.params(carry.server)
+            keys = job_keys(key, s.step + 1, s.dispatch_clients.shape[0])
+            carry = run_jobs(x_t, s.dispatch_clients, s.dispatch_slots, keys, carry, hp, data)
         mask = s.arrival_clients >= 0
         read = jnp.where(mask, s.arrival_slots, 0)
         messages = jax.tree_util.tree_map(lambda p: p[read], carry.pending)  # 2. arrivals
@@ -430,6 +576,7 @@ def simulate(
     label: str | None = None,
     shard_jobs: bool = False,
     shard_replicas: bool = False,
+    lookahead: int = 1,
     checkpoint_dir: str | None = None,
     checkpoint_every: int = 1,
     resume: bool = False,
@@ -453,6 +600,10 @@ def simulate(
         ``jax.sharding.Mesh`` axis): each device runs its share of the vmapped replicas; the data is replicated. The
         number of replicas must be a multiple of the number of devices. Results equal the single-device run up to
         float rounding (tested with 4 host devices). Not combinable with ``shard_jobs``.
+      lookahead: lookahead batching (``L > 1``, pre-sampled schedules only): the jobs dispatched over up to ``L``
+        server steps are trained together in one vmapped call of ``L x D`` jobs, when the schedule shows that none
+        of them is needed before (see :func:`lookahead_plan`); ``History.lookahead`` reports the window lengths
+        achieved. The same results as ``L = 1`` up to float rounding (a batched matmul may sum in another order).
       checkpoint_dir: a folder for checkpoints (:mod:`asyncfl_jax.checkpoint`): the scan state is saved there every
         ``checkpoint_every`` chunks (of ``eval_every`` steps), after the last chunk, and when Ctrl-C (SIGINT) or
         SIGTERM stops the run: while the chunks run, the first Ctrl-C or a SIGTERM lets the current chunk finish,
@@ -467,6 +618,9 @@ def simulate(
     """
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) or checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
+    if isinstance(lookahead, bool) or not isinstance(lookahead, (int, np.integer)) or lookahead < 1:
+        raise ValueError(f"lookahead must be an integer >= 1 (1: off), got {lookahead!r}")
+    lookahead = int(lookahead)
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs a checkpoint_dir to resume from")
     local = local or LocalConfig()
@@ -483,6 +637,9 @@ def simulate(
         from asyncfl_jax import clocked
         from asyncfl_jax.timing.clock import stack_tables
 
+        if lookahead > 1:
+            raise ValueError("lookahead batching needs a pre-sampled schedule; the event clock trains each job when "
+                             "it arrives (use lookahead=1)")
         per_replica, shared = [], False
         T = clocks[0].num_steps
         program = clocked.build_clocked_program(task, algorithm, local, job_sharding=sharding)
@@ -500,11 +657,22 @@ def simulate(
             (sched, num_slots), sched_axis = stack_schedules(per_replica), 0
         chunk_axis = sched_axis
         T = per_replica[0].num_steps
-        program = build_program(task, algorithm, local, num_slots, job_sharding=sharding)
+        program = build_program(task, algorithm, local, num_slots, job_sharding=sharding, lookahead=lookahead)
+        if lookahead > 1:  # the plan is shared by the replicas (one plan valid for every replica's schedule)
+            position, flush = lookahead_plan(per_replica[:1] if shared else per_replica, lookahead)
+            sched = sched._replace(steps=sched.steps._replace(plan=LookaheadPlan(jnp.asarray(position),
+                                                                                 jnp.asarray(flush))))
+            if sched_axis == 0:
+                chunk_axis = StepArrays(*([0] * (len(StepArrays._fields) - 1)), plan=None)
+                sched_axis = ScheduleArrays(0, 0, chunk_axis)
 
         def chunk_inputs(start: int, stop: int, carry: Any) -> Any:
             del carry
-            return _slice_steps(sched.steps, start, stop, replica_axis=sched_axis == 0)
+            steps = sched.steps._replace(plan=())
+            part = _slice_steps(steps, start, stop, replica_axis=not shared)
+            if lookahead > 1:
+                part = part._replace(plan=jax.tree_util.tree_map(lambda a: a[start:stop], sched.steps.plan))
+            return part
     hp = stack_hparams(replicas)
     keys = jnp.stack([jax.random.PRNGKey(r.seed) for r in replicas])
 
@@ -514,7 +682,12 @@ def simulate(
             raise ValueError("shard_jobs and shard_replicas cannot be combined: choose one axis to spread")
         over, everywhere = replica_shardings(len(replicas))
         hp, keys, data = jax.device_put(hp, over), jax.device_put(keys, over), jax.device_put(data, everywhere)
-        sched = jax.device_put(sched, over if sched_axis == 0 else everywhere)
+        if clocks is None and lookahead > 1:  # the plan is shared by the replicas: on every device
+            plan = sched.steps.plan
+            sched = jax.device_put(sched._replace(steps=sched.steps._replace(plan=())), everywhere if shared else over)
+            sched = sched._replace(steps=sched.steps._replace(plan=jax.device_put(plan, everywhere)))
+        else:
+            sched = jax.device_put(sched, everywhere if shared else over)
     budget = memory_budget(program, sched, hp, keys, data, sched_axis)
     if progress:
         print(f"{name}: {budget.describe()}", file=sys.stderr, flush=True)
@@ -674,6 +847,8 @@ def simulate(
         final_params=np.asarray(jax.vmap(algorithm.params)(carry.server)),
         memory=budget.as_dict(),
         realized_schedules=realized,
+        lookahead=(_lookahead_summary(lookahead, sched.steps.plan.flush) if clocks is None and lookahead > 1
+                   else None),
         job_steps=_job_steps(state.traces, int(steps[-1])) if clocks is not None else None,
     )
 

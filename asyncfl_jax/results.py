@@ -70,6 +70,8 @@ class History:
       realized_schedules: under the in-scan event clock, the schedule each replica went through (its events were
         decided during the run); None with pre-sampled schedules. Not in the History file (``asyncfl run`` writes
         them to ``schedules/``).
+      lookahead: with lookahead batching, ``{"L", "num_windows", "mean_window", "max_window", "window_histogram"}``
+        (steps trained together per flush; histogram over lengths 1..L); None otherwise.
       job_steps: int [R, T] under the event clock, the local step count of the job applied at each server step
         (AsyncFedED's K); None otherwise.
     """
@@ -93,6 +95,7 @@ class History:
     final_params: np.ndarray | None = None
     message_bits: dict[str, int] | None = None
     realized_schedules: list[Any] | None = None
+    lookahead: dict[str, Any] | None = None
     job_steps: np.ndarray | None = None
 
     @property
@@ -172,6 +175,7 @@ class History:
             "memory": self.memory,
             "message_bits": self.message_bits,
             "upload_bits": _floats(self.upload_bits[:, -1]) if self.message_bits else None,
+            **({"lookahead": self.lookahead} if self.lookahead else {}),
         }
 
 

@@ -29,6 +29,14 @@ from asyncfl_jax.data.partition import (
     shards,
 )
 from asyncfl_jax.data.synthetic import DEFAULT_MAX_SAMPLES, synthetic_leaf
+from asyncfl_jax.data.tfds_data import (
+    TFDS_DATASETS,
+    TfdsNotPreparedError,
+    default_tfds_data_dir,
+    find_tfds_dir,
+    load_tfds,
+    tfds_name,
+)
 
 __all__ = [
     "ClientData",
@@ -51,4 +59,10 @@ __all__ = [
     "shards",
     "DEFAULT_MAX_SAMPLES",
     "synthetic_leaf",
+    "TFDS_DATASETS",
+    "TfdsNotPreparedError",
+    "default_tfds_data_dir",
+    "find_tfds_dir",
+    "load_tfds",
+    "tfds_name",
 ]

@@ -2,13 +2,27 @@
 
 from asyncfl_jax.models.core import Model, cross_entropy_loss, make_model, model_from_apply, MODEL_NAMES
 from asyncfl_jax.models.flax_models import CNN, MLP, LogisticRegression
+from asyncfl_jax.models.paper_models import (
+    AlexNetCIFAR,
+    AREALogisticRegression,
+    CA2FLCNN,
+    FEMNISTCNN,
+    ResNet18GN,
+    ShakespeareLSTM,
+)
 
 __all__ = [
+    "AREALogisticRegression",
+    "AlexNetCIFAR",
+    "CA2FLCNN",
     "CNN",
+    "FEMNISTCNN",
     "MLP",
     "LogisticRegression",
     "MODEL_NAMES",
     "Model",
+    "ResNet18GN",
+    "ShakespeareLSTM",
     "cross_entropy_loss",
     "make_model",
     "model_from_apply",

@@ -14,9 +14,28 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from asyncfl_jax.models.flax_models import CNN, MLP, LogisticRegression
+from asyncfl_jax.models.paper_models import (
+    AlexNetCIFAR,
+    AREALogisticRegression,
+    CA2FLCNN,
+    FEMNISTCNN,
+    ResNet18GN,
+    ShakespeareLSTM,
+)
 
 ApplyFn = Callable[[Any, jax.Array], jax.Array]
-MODEL_NAMES = ("logreg", "mlp", "cnn")
+MODEL_NAMES = (
+    "logreg",
+    "mlp",
+    "cnn",
+    "ca2fl_cnn",
+    "resnet18_gn",
+    "alexnet_cifar",
+    "femnist_cnn",
+    "shakespeare_lstm",
+    "area_logreg",
+)
+_IMAGE_MODELS = ("cnn", "ca2fl_cnn", "resnet18_gn", "alexnet_cifar", "femnist_cnn")
 
 
 class Model(NamedTuple):
@@ -66,20 +85,43 @@ def make_model(
     """Builds one of the built-in Flax models and initialises it with ``PRNGKey(seed)``.
 
     Args:
-      name: "logreg" (multinomial logistic regression), "mlp" (ReLU MLP with ``hidden`` widths) or "cnn" (two conv
-        layers, for 28x28 images).
-      input_shape: shape of one example, e.g. ``(28, 28, 1)`` or ``(60,)``.
+      name: one of :data:`MODEL_NAMES`:
+
+        - "logreg": multinomial logistic regression (with bias);
+        - "mlp": ReLU MLP with ``hidden`` widths (the default ``(200, 200)`` is the AsyncFedED Synthetic MLP
+          60-200-200-10 and the AsynFLC-EF MNIST MLP 784-200-200-10);
+        - "cnn": two 5x5 conv layers, two pools, FC 512 (FedAvg-style; any image size);
+        - the papers' models (``paper_models.py``): "ca2fl_cnn" (CA2FL's CIFAR CNN), "resnet18_gn" (CIFAR
+          ResNet-18 with GroupNorm), "alexnet_cifar" (AsynFLC-EF's AlexNet), "femnist_cnn" (AsyncFedED's FEMNIST
+          CNN), "shakespeare_lstm" (AsyncFedED's Shakespeare LSTM; inputs are character ids and the vocabulary is
+          ``num_classes``) and "area_logreg" (AREA's logistic regression: no bias, zero initial model).
+
+        ``hidden`` is used by "mlp" only.
+      input_shape: shape of one example, e.g. ``(28, 28, 1)``, ``(32, 32, 3)``, ``(60,)`` or ``(80,)``; image models
+        need ``[H, W]`` or ``[H, W, C]``.
       num_classes: number of output classes.
       seed: initialisation seed (the same for every replica, so replicas start from the same ``x_0``).
     """
+    if name in _IMAGE_MODELS and len(input_shape) not in (2, 3):
+        raise ValueError(f"model {name!r} needs image inputs [H, W(, C)], got input shape {tuple(input_shape)}")
     if name == "logreg":
         module = LogisticRegression(num_classes=num_classes)
     elif name == "mlp":
         module = MLP(num_classes=num_classes, hidden=tuple(hidden))
     elif name == "cnn":
-        if len(input_shape) not in (2, 3):
-            raise ValueError(f"model 'cnn' needs image inputs [H, W(, C)], got input shape {tuple(input_shape)}")
         module = CNN(num_classes=num_classes)
+    elif name == "ca2fl_cnn":
+        module = CA2FLCNN(num_classes=num_classes)
+    elif name == "resnet18_gn":
+        module = ResNet18GN(num_classes=num_classes)
+    elif name == "alexnet_cifar":
+        module = AlexNetCIFAR(num_classes=num_classes)
+    elif name == "femnist_cnn":
+        module = FEMNISTCNN(num_classes=num_classes)
+    elif name == "shakespeare_lstm":
+        module = ShakespeareLSTM(vocab_size=num_classes, num_classes=num_classes)
+    elif name == "area_logreg":
+        module = AREALogisticRegression(num_classes=num_classes)
     else:
         raise ValueError(f"model must be one of {list(MODEL_NAMES)}, got {name!r}")
     dummy = jnp.zeros((1, *input_shape), jnp.float32)
