@@ -64,8 +64,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-plot", action="store_true", help="do not write accuracy.png")
 
     g = run.add_argument_group("data and model")
-    g.add_argument("--dataset", help="synthetic | fashion_mnist | mnist")
-    g.add_argument("--data-dir", help="folder holding the dataset's IDX .gz files")
+    g.add_argument("--dataset", help="synthetic | fashion_mnist | mnist (IDX files) | tfds/mnist | tfds/fashion_mnist | "
+                   "tfds/emnist | tfds/cifar10 | tfds/cifar100 (prepared with TensorFlow Datasets)")
+    g.add_argument("--data-dir", help="folder holding the dataset's IDX .gz files (tfds/...: the TFDS data folder)")
     g.add_argument("--num-clients", type=int, help="number of clients n")
     g.add_argument("--partition", help="natural (synthetic only) | iid | dirichlet | shards | power_law")
     g.add_argument("--dirichlet-alpha", type=float, help="concentration of the Dirichlet label partition")

@@ -17,7 +17,8 @@ from typing import Any
 from asyncfl_jax.algorithms import REGISTRY, get_algorithm
 from asyncfl_jax.timing.delays import DelayModel
 
-DATASETS = ("synthetic", "fashion_mnist", "mnist")
+TFDS_DATASETS = ("tfds/mnist", "tfds/fashion_mnist", "tfds/emnist", "tfds/cifar10", "tfds/cifar100")
+DATASETS = ("synthetic", "fashion_mnist", "mnist", *TFDS_DATASETS)
 PARTITIONS = ("natural", "iid", "dirichlet", "shards", "power_law")
 MODELS = ("logreg", "mlp", "cnn")
 PROTOCOLS = ("all_active", "concurrent", "synchronous", "event_clock")
@@ -35,7 +36,10 @@ def _fail(option: str, value: Any, allowed: str) -> None:
 
 @dataclasses.dataclass
 class DataConfig:
-    """Dataset and partition. ``partition="natural"`` keeps LEAF Synthetic's own clients."""
+    """Dataset and partition. ``partition="natural"`` keeps LEAF Synthetic's own clients. ``name`` "fashion_mnist" /
+    "mnist" read IDX files from ``path``; "tfds/<name>" (mnist, fashion_mnist, emnist = EMNIST ByClass, cifar10,
+    cifar100) reads a dataset prepared with TensorFlow Datasets (array_record) from the TFDS data folder ``path``
+    (default ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``)."""
 
     name: str = "synthetic"
     path: str | None = None
@@ -365,13 +369,21 @@ def validate(cfg: ExperimentConfig) -> None:
             find_idx_dir(d.name, d.path)
         except DatasetNotFoundError as e:
             raise ConfigError(f"invalid option data.name = {d.name!r}: the dataset files are missing.\n{e}") from None
+    if d.name in TFDS_DATASETS:
+        from asyncfl_jax.data.idx import DatasetNotFoundError
+        from asyncfl_jax.data.tfds_data import find_tfds_dir
+
+        try:
+            find_tfds_dir(d.name.split("/", 1)[1], d.path)
+        except (DatasetNotFoundError, ImportError) as e:
+            raise ConfigError(f"invalid option data.name = {d.name!r}: the dataset is not prepared.\n{e}") from None
 
     m = cfg.model
     _check_choice("model.name", m.name, MODELS)
     if not isinstance(m.hidden, list) or not all(isinstance(h, int) and h >= 1 for h in m.hidden):
         _fail("model.hidden", m.hidden, "must be a list of integers >= 1")
     if m.name == "cnn" and d.name == "synthetic":
-        _fail("model.name", m.name, "'cnn' needs image data (fashion_mnist or mnist); use logreg or mlp for synthetic")
+        _fail("model.name", m.name, "'cnn' needs image data (e.g. fashion_mnist); use logreg or mlp for synthetic")
 
     loc = cfg.local
     _check_int("local.steps", loc.steps, 1)

@@ -62,6 +62,10 @@ def load_dataset(cfg: ExperimentConfig) -> Dataset:
             seed=d.seed,
             max_samples=d.synthetic_max_samples,
         )
+    if d.name.startswith("tfds/"):
+        from asyncfl_jax.data.tfds_data import load_tfds
+
+        return load_tfds(d.name.split("/", 1)[1], d.path)
     from asyncfl_jax.data.idx import load_fashion_mnist, load_mnist
 
     return (load_fashion_mnist if d.name == "fashion_mnist" else load_mnist)(d.path)
