@@ -70,7 +70,8 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-clients", type=int, help="number of clients n")
     g.add_argument("--partition", help="natural (synthetic only) | iid | dirichlet | shards | power_law")
     g.add_argument("--dirichlet-alpha", type=float, help="concentration of the Dirichlet label partition")
-    g.add_argument("--model", help="logreg | mlp | cnn")
+    g.add_argument("--model", help="logreg | mlp | cnn | ca2fl_cnn | resnet18_gn | alexnet_cifar | femnist_cnn | "
+                   "area_logreg (see docs/simulator.md, Models)")
     g.add_argument("--local-steps", type=int, help="local steps K")
     g.add_argument("--batch-size", type=int, help="local minibatch size B (0 = full batch)")
     g.add_argument("--lr", type=float, help="client learning rate")

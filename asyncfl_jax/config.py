@@ -20,7 +20,8 @@ from asyncfl_jax.timing.delays import DelayModel
 TFDS_DATASETS = ("tfds/mnist", "tfds/fashion_mnist", "tfds/emnist", "tfds/cifar10", "tfds/cifar100")
 DATASETS = ("synthetic", "fashion_mnist", "mnist", *TFDS_DATASETS)
 PARTITIONS = ("natural", "iid", "dirichlet", "shards", "power_law")
-MODELS = ("logreg", "mlp", "cnn")
+IMAGE_MODELS = ("cnn", "ca2fl_cnn", "resnet18_gn", "alexnet_cifar", "femnist_cnn")
+MODELS = ("logreg", "mlp", *IMAGE_MODELS, "area_logreg")  # shakespeare_lstm: no configured dataset has text
 PROTOCOLS = ("all_active", "concurrent", "synchronous", "event_clock")
 REFILLS = ("immediate", "boundary")
 AGGREGATIONS = ("count", "periodic", "poisson")
@@ -382,8 +383,9 @@ def validate(cfg: ExperimentConfig) -> None:
     _check_choice("model.name", m.name, MODELS)
     if not isinstance(m.hidden, list) or not all(isinstance(h, int) and h >= 1 for h in m.hidden):
         _fail("model.hidden", m.hidden, "must be a list of integers >= 1")
-    if m.name == "cnn" and d.name == "synthetic":
-        _fail("model.name", m.name, "'cnn' needs image data (e.g. fashion_mnist); use logreg or mlp for synthetic")
+    if m.name in IMAGE_MODELS and d.name == "synthetic":
+        _fail("model.name", m.name, f"{m.name!r} needs image data (e.g. fashion_mnist); use logreg or mlp for "
+              "synthetic")
 
     loc = cfg.local
     _check_int("local.steps", loc.steps, 1)

@@ -187,10 +187,10 @@ class AlexNetCIFAR(nn.Module):
     -> conv(192) -> conv(384) -> conv(256) -> conv(256), with max-pools, then FC 4096-4096-10 (about 23M
     parameters)").
 
-    The digest leaves strides, pool positions and kernel sizes after the first layer open; this is the common CIFAR
-    AlexNet that gives its "about 23M": all convolutions 3x3 with padding 1, the first with stride 2,
+    The digest leaves strides, pool positions and the later kernel sizes open. This layout gives its "about 23M": all
+    convolutions 3x3 with padding 1, the first with stride 2, 2x2 max-pools after the first, second and fifth,
 
-      conv(64, s2)-ReLU-maxpool2 -> conv(192)-ReLU-maxpool2 -> conv(384)-ReLU -> conv(256)-ReLU -> conv(256)-ReLU-maxpool2
+      conv(64, s2)-ReLU-pool -> conv(192)-ReLU-pool -> conv(384)-ReLU -> conv(256)-ReLU -> conv(256)-ReLU-pool
       -> flatten (2*2*256 = 1024 on 32x32) -> FC 4096-ReLU -> FC 4096-ReLU -> FC classes,
 
     23,272,266 parameters for 10 classes. (With a stride-1 first convolution the flattened features would be 4096 and
