@@ -954,12 +954,21 @@ def _schedules_per_replica(
         schedules = list(schedules)
         if len(schedules) != len(seeds):
             raise ValueError(f"got {len(schedules)} schedules for {len(seeds)} seeds; give one per seed or one in all")
+        if len(schedules) > 1:
+            _distinct_seeds(seeds, "schedules")
         by_seed = dict(zip([int(s) for s in seeds], schedules))
         per_replica, shared = [by_seed[r.seed] for r in replicas], len(schedules) == 1
     for s in per_replica:
         if s.num_clients != num_clients:
             raise ValueError(f"the schedule has {s.num_clients} clients but the task has {num_clients}")
     return per_replica, shared
+
+
+def _distinct_seeds(seeds: Sequence[int], what: str) -> None:
+    """One schedule (or clock) per seed needs distinct seeds (else two of them would be matched to one seed)."""
+    if len(set(int(s) for s in seeds)) != len(seeds):
+        raise ValueError(f"seeds {list(seeds)} repeat a seed, so the {what} given one per seed cannot be matched to "
+                         "them; use distinct seeds")
 
 
 def _clocks_per_replica(schedules: Any, seeds: Sequence[int], replicas: Sequence[Replica], num_clients: int):
@@ -974,6 +983,7 @@ def _clocks_per_replica(schedules: Any, seeds: Sequence[int], replicas: Sequence
     if len(items) == 1:
         per_replica = items * len(replicas)
     elif len(items) == len(seeds):
+        _distinct_seeds(seeds, "event clocks")
         by_seed = dict(zip([int(s) for s in seeds], items))
         per_replica = [by_seed[r.seed] for r in replicas]
     else:

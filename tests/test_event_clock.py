@@ -239,3 +239,12 @@ def test_a_diverged_clocked_replica_is_frozen_and_its_schedule_stops(toy):
     assert (history.job_steps[1, frozen.num_steps:] == -1).all() and (history.job_steps[0] >= 1).all()
     assert np.isfinite(history.metrics["test_loss"][0]).all()
     assert history.times[1, -1] == frozen.step_times[-1]
+
+
+def test_repeated_seeds_with_one_schedule_per_seed_are_refused(toy):
+    task, _, _ = toy
+    clocks = [EventClock(N, 10, DelayModel(), seed=s) for s in (0, 1)]
+    with pytest.raises(ValueError, match="repeat a seed"):
+        run(task, fedasync(), clocks, seeds=[0, 0])
+    with pytest.raises(ValueError, match="repeat a seed"):
+        run(task, fedasync(), [all_active(N, 10, DelayModel(), s) for s in (0, 1)], seeds=[3, 3])

@@ -55,3 +55,36 @@ def test_compression_demo_runs_in_a_subprocess_and_tables_every_method(tmp_path)
     assert all(r["uploads"] >= 100 for r in results)
     payload = {r["method"]: r["message_bits"]["payload"] for r in results}
     assert payload["AsynFLC-EF top-k+Q"] < payload["AsynFLC-EF top-k"] < payload["AsynFL"] == payload["FedBuff"]
+
+
+def test_reproduce_asyncfeded_quick_writes_outputs_and_tables_every_method(tmp_path):
+    import subprocess
+    import sys
+
+    script = os.path.join(ROOT, "scripts", "reproduce_asyncfeded.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+               JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+    # The paper's other tasks are not in the project: a clear error, before anything runs.
+    proc = subprocess.run([sys.executable, script, "--task", "femnist", "--out", str(tmp_path / "none")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "not available" in proc.stderr
+    assert not (tmp_path / "none").exists()
+    out = tmp_path / "asyncfeded"
+    # --quick: budget 12, P in {0, 0.9}, one seed, the constant-K ablation with K = 5 (about 50 s, mostly compiling).
+    proc = subprocess.run([sys.executable, script, "--quick", "--out", str(out)], env=env, capture_output=True,
+                          text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(out)) == ["ablation.png", "accuracy.png", "metrics_vs_p.png", "results.json", "table.md"]
+    table = (out / "table.md").read_text()
+    assert table in proc.stdout  # the table is also printed
+    methods = ["AsyncFedED", "FedAsync+Constant", "FedAsync+Hinge", "FedAvg", "FedProx"]
+    assert all(table.count(f"| {m} |") >= 4 for m in methods)  # max accuracy, t90, time to target, uploads
+    assert "| constant K = 5 |" in table and "| adaptive K (K_init = 10) |" in table
+    data = json.loads((out / "results.json").read_text())
+    rows = {(r["method"], r["prob"]): r for r in data["results"]}
+    assert set(rows) == {(m, p) for m in methods for p in (0.0, 0.9)} | {("AsyncFedED", 0.1), ("AsyncFedED K=5", 0.1)}
+    for row in rows.values():
+        assert 0.0 <= row["max_accuracy"] <= 1.0 and 0.0 <= row["time_to_90pct_max"] <= data["args"]["budget"]
+    for run in data["runs"]:  # every run covers the budget on the time axis
+        assert run["times"][0] == 0.0 and run["times"][-1] > data["args"]["budget"]
+
