@@ -621,6 +621,9 @@ def simulate(
     if isinstance(lookahead, bool) or not isinstance(lookahead, (int, np.integer)) or lookahead < 1:
         raise ValueError(f"lookahead must be an integer >= 1 (1: off), got {lookahead!r}")
     lookahead = int(lookahead)
+    if lookahead > 1 and shard_jobs:
+        raise ValueError("lookahead > 1 cannot be combined with shard_jobs (the buffered jobs are not placed over the "
+                         "devices); use one of them, or shard_replicas")
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs a checkpoint_dir to resume from")
     local = local or LocalConfig()

@@ -1,45 +1,59 @@
 #!/usr/bin/env python
-"""Throughput benchmark of the asyncfl_jax engine, measured side by side in one process.
+"""Throughput and scale benchmark of the asyncfl_jax engine, measured side by side in one process.
 
-What it measures (everything in the same run, so ratios are meaningful on a noisy machine):
+What it measures (everything in the same run, so ratios are meaningful on a noisy machine); ``--parts`` selects:
 
-1. **matmul peak**: jitted float32 ``a @ b`` for square sizes, best of several repeats after warm-up, FLOPs = 2 n^3;
-   measured at the start and again at the end, the peak is the best of all (conservative on a shared machine). A
-   1024^3 matmul probe also runs right after each timed engine chunk ("paired" fraction, informational).
-2. **FedBuff on Fashion-MNIST** (n=100 clients, IID partition seed 0, concurrency Mc=20, buffer M=10, refill at step
-   boundaries, K=10 local SGD steps of B=32, client lr 0.05, server lr 1) for logistic regression and an MLP
-   784-200-200-10:
+* ``matmul``: jitted float32 ``a @ b`` for square sizes, best of several repeats after warm-up, FLOPs = 2 n^3;
+  measured at the start and again at the end, the peak is the best of all (conservative on a shared machine). A
+  1024^3 matmul probe also runs right after each timed FedBuff engine chunk ("paired" fraction, informational).
+* ``fedbuff``: FedBuff on Fashion-MNIST (n=100 clients, IID partition seed 0, concurrency Mc=20, buffer M=10, refill
+  at step boundaries, K=10 local SGD steps of B=32, client lr 0.05, server lr 1) for logistic regression and an MLP
+  784-200-200-10:
 
-   a. *engine*: the same compiled program :func:`asyncfl_jax.engine.simulate` runs (``build_program`` ->
-      ``jit(vmap(chunk), donate carry)``, one replica), driven chunk by chunk. Compilation, the initial jobs and the
-      first chunk (warm-up) are excluded from the timing. The evaluation the engine runs after each chunk is made
-      negligible for the timed run by shrinking the evaluation sets to 2 examples (training code path unchanged); the
-      cost of one full evaluation (10k test + 5k train examples) is measured separately and reported.
-   b. *baseline*: a plain per-event Python loop over the same schedule doing the same math: one jitted single-client
-      local update per dispatched job (trained at dispatch from the current model, result kept in a dict keyed by
-      its pending slot), one jitted FedBuff server update per server step (applied at the arrival step). Jobs use the
-      engine's PRNG keys, so after the same number of steps both give the same model up to float32 rounding
-      (checked after the engine's first chunk). The same loop with a no-op local update gives its Python/dispatch
-      floor, i.e. how much of the loop's time is overhead rather than training.
-   c. ratios: engine/baseline client updates per second; achieved local-training GFLOP/s (jobs trained x FLOPs per
-      job from ``local_flops_per_job``, i.e. XLA's cost analysis of one fwd+bwd on B examples x K) and its fraction
-      of the measured matmul peak.
-
-3. **schedule sampling**: wall time of ``make_schedule`` for 1M arrivals (all_active n=100k, T=1M; concurrent n=100k,
-   Mc=1000, M=100, immediate refill, T=10k).
+  a. *engine*: the same compiled program :func:`asyncfl_jax.engine.simulate` runs (``build_program`` ->
+     ``jit(vmap(chunk), donate carry)``, one replica), driven chunk by chunk. Compilation, the initial jobs and the
+     first chunk (warm-up) are excluded from the timing. The evaluation the engine runs after each chunk is made
+     negligible for the timed run by shrinking the evaluation sets to 2 examples (training code path unchanged); the
+     cost of one full evaluation (10k test + 5k train examples) is measured separately and reported.
+  b. *baseline*: a plain per-event Python loop over the same schedule doing the same math: one jitted single-client
+     local update per dispatched job (trained at dispatch from the current model, result kept in a dict keyed by
+     its pending slot), one jitted server update per server step (applied at the arrival step, donating its state).
+     Jobs use the engine's PRNG keys, so after the same number of steps both give the same model up to float32
+     rounding (checked after the engine's first chunk). The same loop with a no-op local update gives its
+     Python/dispatch floor, i.e. how much of the loop's time is overhead rather than training.
+  c. ratios: engine/baseline client updates per second; achieved local-training GFLOP/s (jobs trained x FLOPs per
+     job from ``local_flops_per_job``, i.e. XLA's cost analysis of one fwd+bwd on B examples x K) and its fraction
+     of the measured matmul peak.
+* ``ace``: ACE (``get_algorithm("ace")``, all_active protocol, n=1000, one minibatch gradient of B=32 per job, the
+  initialization round) on Fashion-MNIST logistic regression: engine vs the per-event loop (which also runs the
+  initialization round client by client), with lookahead batching off (L=1) and on (L = 8, 32, 64), the lookahead
+  windows achieved, and the engine step split into the server rule alone and the local training alone.
+* ``ca2fl``: the same for CA2FL in the FedBuff setting (n=100, Mc=20, M=10, boundary refill, K=10); the lookahead
+  windows of that schedule are reported (they are all one step: boundary refill dispatches jobs that may arrive in
+  the next step).
+* ``scaling``: engine time per event for ACE and CA2FL as n grows 10^2 -> 10^5 (every client holds 32 examples),
+  with the MemoryBudget (known before compiling) and the process's peak RSS of each run; float32 caches where they
+  fit, else int8, and int8 also at the largest n. Beyond ``real_init_max_n`` ACE starts from a zero state of the
+  carry's shapes (see ``bench_scale.py``: the engine's init unrolls n / 256 groups of jobs and compiles for minutes).
+* ``replicas``: wall time per server step as the vmapped replica axis (client learning rates x seeds) grows 1 -> 64,
+  FedBuff (the setting above) and ACE (n=1000, from a zero state), logistic regression, on one device.
+* ``compile``: the compile time of the default experiment (``asyncfl run`` with no options, ``ExperimentConfig()``)
+  as ``History.compile_seconds`` reports it, and its wall time.
+* ``schedules``: wall time of ``make_schedule`` for 1M arrivals (all_active n=100k, T=1M; concurrent n=100k,
+  Mc=1000, M=100, immediate refill, T=10k).
 
 Usage::
 
-    python scripts/bench.py                 # full run (a few minutes on 2 CPU cores)
-    python scripts/bench.py --quick         # about a minute
-    python scripts/bench.py --steps 3000 --out results.json
-    python scripts/bench.py --one-device   # JAX's single CPU device (no sharding of the jobs over cores)
+    python scripts/bench.py --out bench.json   # every part; writes bench.json and bench.png
+    python scripts/bench.py --quick            # smaller step counts and sweeps (about 2-3 minutes on 2 cores)
+    python scripts/bench.py --parts ace,ca2fl,scaling --out results.json
+    python scripts/bench.py --smoke --parts ace,ca2fl,scaling,replicas,compile   # smallest sizes (tests)
+    python scripts/bench.py --one-device       # JAX's single CPU device (no sharding over cores)
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -58,17 +72,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from asyncfl_jax.algorithms import fedbuff
-from asyncfl_jax.algorithms.base import ServerMeta
-from asyncfl_jax.client import LocalConfig, local_flops_per_job, make_local_update
-from asyncfl_jax.data import load_fashion_mnist, partition
-from asyncfl_jax.data.client_data import Dataset
-from asyncfl_jax.engine import build_program, job_sharding, make_replicas, schedule_arrays, stack_hparams
-from asyncfl_jax.models.core import make_model
-from asyncfl_jax.task import make_task, task_arrays
-from asyncfl_jax.timing import DelayModel, make_schedule
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_scale.py, next to this file
+import bench_scale  # noqa: E402
+from bench_scale import bench_baseline, bench_engine  # noqa: E402
 
-# The benchmark's fixed setting (from the issue).
+from asyncfl_jax.algorithms import fedbuff  # noqa: E402
+from asyncfl_jax.client import LocalConfig, local_flops_per_job, make_local_update  # noqa: E402
+from asyncfl_jax.data import load_fashion_mnist, partition  # noqa: E402
+from asyncfl_jax.data.client_data import Dataset  # noqa: E402
+from asyncfl_jax.engine import make_replicas  # noqa: E402
+from asyncfl_jax.models.core import make_model  # noqa: E402
+from asyncfl_jax.task import make_task  # noqa: E402
+from asyncfl_jax.timing import DelayModel, make_schedule  # noqa: E402
+
+# The FedBuff setting (from the core issue).
 NUM_CLIENTS = 100
 CONCURRENCY = 20
 BUFFER = 10
@@ -79,17 +96,21 @@ CLIENT_LR = 0.05
 SERVER_LR = 1.0
 SEED = 0
 
-TARGET_SPEEDUP_LOGREG = 10.0  # engine >= 10x the per-event loop (client updates/s), logistic regression
-TARGET_PEAK_FRACTION_MLP = 0.5  # engine local training >= 50% of the measured matmul GFLOP/s, MLP
+TARGET_SPEEDUP_LOGREG = 10.0  # core issue: engine >= 10x the per-event loop (client updates/s), logistic regression
+TARGET_PEAK_FRACTION_MLP = 0.5  # core issue: engine local training >= 50% of the measured matmul GFLOP/s, MLP
+TARGET_SPEEDUP = bench_scale.TARGET_SPEEDUP  # performance and scale: FedBuff and ACE >= 30x the per-event loop
 
 # Step counts per model: (engine chunk length, engine chunks (the first is warm-up), baseline steps).
 FULL = {"logreg": (300, 8, 300), "mlp": (30, 11, 60)}
 QUICK = {"logreg": (100, 4, 100), "mlp": (20, 3, 20)}
-# Engine vs baseline after the first chunk: max |diff| <= CHECK_RTOL * max(max |x|, 1). The two differ only by float32
-# rounding (vmapped vs single-job reductions), ~1e-8 after one step; for the ReLU MLP a rounding difference that moves
-# a pre-activation across 0 changes that step's gradient discontinuously, so the gap grows to ~1e-5 after 5 steps
-# and ~1.5e-3 after 20-30 (measured); training different clients or keys would differ by O(max |x|).
-CHECK_RTOL = 1e-2
+SMOKE = {"logreg": (5, 2, 5), "mlp": (2, 2, 2)}
+CHECK_RTOL = bench_scale.CHECK_RTOL  # engine vs baseline: max |diff| <= CHECK_RTOL * max(max |x|, 1)
+# The two differ only by float32 rounding (vmapped vs single-job reductions), ~1e-8 after one step; for the ReLU MLP a
+# rounding difference that moves a pre-activation across 0 changes that step's gradient discontinuously, so the gap
+# grows to ~1e-5 after 5 steps and ~1.5e-3 after 20-30 (measured); training different clients or keys would differ
+# by O(max |x|).
+
+PARTS = ("matmul", "fedbuff", "ace", "ca2fl", "scaling", "replicas", "compile", "schedules")
 
 
 def log(msg: str) -> None:
@@ -154,193 +175,6 @@ def load_data() -> tuple[Dataset, str]:
         return ds, "synthetic stand-in (Fashion-MNIST files missing)"
 
 
-# ---------------------------------------------------------------------------------------------------- 2a. engine
-def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, probe=None) -> dict[str, Any]:
-    """Times the engine's compiled chunk over ``schedule`` (its length is a multiple of ``chunk_len``).
-
-    ``probe()`` (optional) measures the matmul rate right after each timed chunk, so each chunk's GFLOP/s can be
-    compared with the machine's rate at that moment (the machine may be shared).
-    """
-    T = schedule.num_steps
-    num_chunks = T // chunk_len
-    assert num_chunks * chunk_len == T
-    # Evaluation made negligible for the timed run: 2-example evaluation sets (the training path is unchanged).
-    timed_task = dataclasses.replace(task, test_x=task.test_x[:2], test_y=task.test_y[:2],
-                                     train_eval_x=task.train_eval_x[:2], train_eval_y=task.train_eval_y[:2])
-    jobs = job_sharding() if jax.device_count() > 1 else None  # the jobs of a step spread over the devices
-    program = build_program(timed_task, algorithm, local, schedule.num_slots, job_sharding=jobs)
-    sched = schedule_arrays(schedule)
-    hp = stack_hparams(hp_replicas)
-    keys = jnp.stack([jax.random.PRNGKey(r.seed) for r in hp_replicas])
-
-    # Exactly simulate()'s jit/vmap setup for a schedule shared by all replicas.
-    data = task_arrays(timed_task)
-    init_fn = jax.jit(jax.vmap(program.init, in_axes=(None, 0, 0, None)))
-    chunk_fn = jax.jit(jax.vmap(program.chunk, in_axes=(0, None, 0, 0, None)), donate_argnums=(0,))
-
-    def part(c):
-        return jax.tree_util.tree_map(lambda a: a[c * chunk_len:(c + 1) * chunk_len], sched.steps)
-
-    parts = [part(c) for c in range(num_chunks)]
-    jax.block_until_ready(parts)
-
-    t0 = time.perf_counter()
-    init_c = init_fn.lower(sched, hp, keys, data).compile()
-    compile_init = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    carry = init_c(sched, hp, keys, data)
-    jax.block_until_ready(carry)
-    init_run = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    chunk_c = chunk_fn.lower(carry, parts[0], hp, keys, data).compile()
-    compile_chunk = time.perf_counter() - t0
-
-    # Chunk 0: warm-up (and the model after chunk_len steps, to check the baseline against).
-    t0 = time.perf_counter()
-    carry, out = chunk_c(carry, parts[0], hp, keys, data)
-    jax.block_until_ready((carry, out))
-    first_chunk = time.perf_counter() - t0
-    params_after_first = np.asarray(carry.server.x[0])
-
-    timed = list(range(1, num_chunks)) or [0]
-    if timed == [0]:  # a single chunk: time it (after warm-up there is nothing left; re-run from a fresh init)
-        carry = init_c(sched, hp, keys, data)
-    chunk_seconds, probes = [], []
-    for c in timed:  # blocking after each chunk costs nothing measurable and gives per-chunk rates
-        t0 = time.perf_counter()
-        carry, out = chunk_c(carry, parts[c], hp, keys, data)
-        jax.block_until_ready((carry, out))
-        chunk_seconds.append(time.perf_counter() - t0)
-        if probe is not None:
-            probes.append(probe())
-    seconds = float(sum(chunk_seconds))
-
-    steps = range(timed[0] * chunk_len, (timed[-1] + 1) * chunk_len)
-    arrivals = int((schedule.arrival_clients[steps.start:steps.stop] >= 0).sum())
-    jobs = int((schedule.dispatch_clients[steps.start:steps.stop] >= 0).sum())
-    computed_jobs = len(steps) * schedule.dispatch_width  # the vmap also trains padded (-1) entries
-
-    # One full evaluation (what eval_every costs), measured on its own.
-    eval_fn = jax.jit(jax.vmap(build_program(task, algorithm, local, schedule.num_slots).evaluate,
-                               in_axes=(0, None)))
-    xs = carry.server.x
-    full_data = task_arrays(task)
-    jax.block_until_ready(eval_fn(xs, full_data))
-    best_eval = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        jax.block_until_ready(eval_fn(xs, full_data))
-        best_eval = min(best_eval, time.perf_counter() - t0)
-    final_acc = float(eval_fn(xs, full_data)["test_accuracy"][0])
-
-    return {
-        "server_steps_total": T,
-        "chunk_len": chunk_len,
-        "timed_steps": len(steps),
-        "timed_arrivals": arrivals,
-        "timed_jobs": jobs,
-        "timed_computed_jobs": computed_jobs,
-        "run_seconds": seconds,
-        "first_chunk_seconds": first_chunk,
-        "compile_seconds": compile_init + compile_chunk,
-        "compile_init_seconds": compile_init,
-        "compile_chunk_seconds": compile_chunk,
-        "init_run_seconds": init_run,
-        "updates_per_second": arrivals / seconds,
-        "server_steps_per_second": len(steps) / seconds,
-        "jobs_per_second": jobs / seconds,
-        "chunk_seconds": chunk_seconds,
-        "chunk_jobs": [int((schedule.dispatch_clients[c * chunk_len:(c + 1) * chunk_len] >= 0).sum()) for c in timed],
-        "matmul_gflops_after_chunk": probes,
-        "best_chunk_updates_per_second": arrivals / len(timed) / min(chunk_seconds),
-        "full_eval_seconds": best_eval,
-        "final_test_accuracy": final_acc,
-        "num_slots": schedule.num_slots,
-        "dispatch_width": schedule.dispatch_width,
-        "_params_after_first_chunk": params_after_first,
-    }
-
-
-# ---------------------------------------------------------------------------------------------------- 2b. baseline
-def bench_baseline(task, algorithm, local, schedule, num_steps: int, hp_replica, noop: bool = False,
-                   check_step: int | None = None) -> dict[str, Any]:
-    """A per-event Python loop: one jitted client call per job, one jitted server call per step.
-
-    ``noop=True`` replaces local training by a trivial function of the same signature: the loop's own cost (Python,
-    dispatch of one jitted call per event), i.e. the fastest this baseline could be if training were free.
-    """
-    if noop:
-        def local_fn(x, client, key, hp, data):  # raw uint32[2] keys (PRNGKey)
-            return x * 1e-3 + key[0].astype(x.dtype)
-    else:
-        local_fn = make_local_update(task.model, local, output=algorithm.local_output)
-    hp = {k: jnp.float32(v) for k, v in hp_replica.hparams.items()}
-    key = jax.random.PRNGKey(hp_replica.seed)
-    x0 = task.model.flat_params
-    M = schedule.buffer_width
-
-    @jax.jit
-    def client_job(x, client, step_plus_one, j, hp, data):
-        k = jax.random.fold_in(jax.random.fold_in(key, step_plus_one), j)  # the engine's key for this job
-        message, _ = algorithm.client(x, local_fn(x, client, k, hp, data), (), hp)
-        return message
-
-    @jax.jit
-    def server_step(state, messages, clients, staleness, step, time_, hp):
-        deltas = jnp.stack(messages)
-        mask = clients >= 0
-        meta = ServerMeta(clients=clients, mask=mask, staleness=jnp.where(mask, staleness, 0), step=step, time=time_)
-        return algorithm.server(state, deltas, meta, hp)
-
-    staleness = np.maximum(schedule.staleness, 0)
-    zero = jnp.zeros_like(x0)
-    state = algorithm.init(x0, task.num_clients)
-    pending: dict[int, jax.Array] = {}
-    t0 = time.perf_counter()
-    for j, (c, s) in enumerate(zip(schedule.init_clients.tolist(), schedule.init_slots.tolist())):
-        if c >= 0:  # initial jobs (also compile client_job)
-            pending[s] = client_job(x0, c, 0, j, hp, task.train)
-    # Compile the server step outside the timing (result discarded).
-    jax.block_until_ready(server_step(state, (zero,) * M, schedule.arrival_clients[0], staleness[0], 0,
-                                      np.float32(0), hp))
-    jax.block_until_ready(pending)
-    warmup = time.perf_counter() - t0
-
-    steps_ = 0
-    arrivals = jobs = 0
-    at_check = None
-    t0 = time.perf_counter()
-    for t in range(num_steps):
-        x = algorithm.params(state)
-        for j, (c, s) in enumerate(zip(schedule.dispatch_clients[t].tolist(), schedule.dispatch_slots[t].tolist())):
-            if c >= 0:  # 1. dispatch: train now from x_t, keep the message in the job's slot
-                pending[s] = client_job(x, c, t + 1, j, hp, task.train)
-                jobs += 1
-        msgs = []
-        for c, s in zip(schedule.arrival_clients[t].tolist(), schedule.arrival_slots[t].tolist()):
-            if c >= 0:  # 2. arrival: read the message from its slot
-                msgs.append(pending.pop(s))
-                arrivals += 1
-            else:
-                msgs.append(zero)
-        state = server_step(state, tuple(msgs), schedule.arrival_clients[t], staleness[t], t,
-                            np.float32(schedule.step_times[t]), hp)
-        steps_ += 1
-        if steps_ == check_step:
-            at_check = state  # a reference only (no device sync inside the timed loop)
-    jax.block_until_ready(state)
-    seconds = time.perf_counter() - t0
-    return {
-        "timed_steps": steps_,
-        "timed_arrivals": arrivals,
-        "timed_jobs": jobs,
-        "run_seconds": seconds,
-        "warmup_seconds": warmup,
-        "updates_per_second": arrivals / seconds,
-        "server_steps_per_second": steps_ / seconds,
-        "jobs_per_second": jobs / seconds,
-        "_params_at_check": None if at_check is None else np.asarray(algorithm.params(at_check)),
-    }
 
 
 # ---------------------------------------------------------------------------------------------------- breakdown
@@ -448,34 +282,44 @@ def run_model(name: str, ds: Dataset, parts, chunk_len: int, chunks: int, baseli
         "baseline": base,
         "baseline_noop": floor,
         "speedup_updates_per_second": eng["updates_per_second"] / base["updates_per_second"],
+        # best engine chunk vs best loop segment: both robust to other jobs on the machine
+        "speedup_best": eng["best_chunk_updates_per_second"] / base["best_segment_updates_per_second"],
         "check": check,
         "isolated_local": iso,
     }
+
 
 
 def _row(cells, widths):
     return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
 
-def print_table(res: dict[str, Any]) -> None:
-    peak = res["matmul"]["peak_gflops"]
-    bar = "=" * 104
+BAR = "=" * 112
+RULE = "-" * 112
+
+
+def print_header(res: dict[str, Any]) -> None:
     print()
-    print(bar)
+    print(BAR)
     e = res["env"]
     print(f"asyncfl_jax benchmark | jax {e['jax']} on {e['num_devices']} x {e['device']} ({e['cpu_count']} CPUs; "
           f"jobs of a step {'sharded over the devices' if e['jobs_sharded'] else 'on one device'}) | data: {res['data']} | "
-          f"{'quick' if res['quick'] else 'full'} run")
+          f"{res['mode']} run | parts: {','.join(res['parts'])}")
+    print(BAR)
+
+
+def print_fedbuff(res: dict[str, Any]) -> None:
+    peak = res["matmul"]["peak_gflops"] if res.get("matmul") else math.nan
     print(f"FedBuff: n={NUM_CLIENTS}, Mc={CONCURRENCY}, M={BUFFER}, refill={REFILL}, K={K}, B={B}, SGD lr {CLIENT_LR}, "
           "IID, seed 0")
     print("engine timed without compile/initial jobs/first chunk, with evaluation disabled (2-example eval sets)")
-    print(bar)
+    print(RULE)
     for label, key in (("start", "sizes"), ("end", "sizes_end")):
-        if key in res["matmul"]:
+        if res.get("matmul") and key in res["matmul"]:
             mm = ", ".join(f"n={r['n']}: {r['gflops']:.1f}" for r in res["matmul"][key])
             print(f"matmul float32 GFLOP/s at {label:<5}: {mm}")
     print(f"matmul peak (best of all): {peak:.1f} GFLOP/s")
-    print("-" * 104)
+    print(RULE)
     by = {r["model"]: r for r in res["models"]}
     cols = [(m, side) for m in ("logreg", "mlp") if m in by for side in ("engine", "baseline")]
     w = [30] + [15] * len(cols)
@@ -498,13 +342,14 @@ def print_table(res: dict[str, Any]) -> None:
     line("  paired with matmul (median)", lambda r, s: f"{r[s]['paired_fraction_of_matmul']:.1%}"
          if s == "engine" else None)
     line("timed steps / seconds", lambda r, s: f"{r[s]['timed_steps']} / {r[s]['run_seconds']:.2f}")
-    line("best chunk updates / s", lambda r, s: f"{r[s]['best_chunk_updates_per_second']:.1f}"
-         if s == "engine" else None)
+    line("best chunk/segment updates/s", lambda r, s: f"{r[s]['best_chunk_updates_per_second']:.1f}"
+         if s == "engine" else f"{r[s]['best_segment_updates_per_second']:.1f}")
     line("compile s", lambda r, s: f"{r[s]['compile_seconds']:.1f}" if s == "engine" else None)
     line("full evaluation ms", lambda r, s: f"{r[s]['full_eval_seconds'] * 1e3:.0f}" if s == "engine" else None)
     line("no-op loop updates / s", lambda r, s: f"{r['baseline_noop']['updates_per_second']:.0f}"
          if s == "baseline" else None)
     line("engine / loop (updates/s)", lambda r, s: f"{r['speedup_updates_per_second']:.2f}x" if s == "engine" else None)
+    line("  best chunk / best segment", lambda r, s: f"{r['speedup_best']:.2f}x" if s == "engine" else None)
     line("same model as loop (steps)", lambda r, s: (f"{'yes' if r['check']['match'] else 'NO'} "
                                                      f"({r['check']['steps']}: {r['check']['max_abs_diff']:.0e})")
          if s == "engine" else None)
@@ -515,33 +360,223 @@ def print_table(res: dict[str, Any]) -> None:
             print(f"  {m}: d={r['num_params']}, {r['flops_per_job'] / 1e6:.2f} MFLOP/job; isolated jit(vmap(local)) of "
                   f"{iso['width']} jobs: {iso['best_seconds'] * 1e3:.2f} ms = {iso['gflops']:.2f} GFLOP/s "
                   f"({iso['gflops'] / peak:.0%} of peak)")
-    print("-" * 104)
+    print(RULE)
+
+
+def print_algorithms(res: dict[str, Any]) -> None:
+    algos = res["algorithms"]
+    cols = []  # (label, algorithm, engine variant or "loop")
+    for name in ("ace", "ca2fl"):
+        if name in algos:
+            a = algos[name]
+            cols += [(f"{name} L={L}" if L != "1" else f"{name} eng", name, L)
+                     for L in sorted(a["engine"], key=int)]
+            cols.append((f"{name} loop", name, "loop"))
+    w = [28] + [12] * len(cols)
+    s = {n: a["setting"] for n, a in algos.items()}
+    if "ace" in s:
+        print(f"ACE: all_active, n={s['ace']['num_clients']}, one minibatch gradient of B={s['ace']['batch_size']} per "
+              f"job, server lr {s['ace']['hparams']['server_lr']}, initialization round; Fashion-MNIST logreg")
+    if "ca2fl" in s:
+        c = s["ca2fl"]
+        print(f"CA2FL: concurrent, n={c['num_clients']}, Mc={c['concurrency']}, M={c['buffer_size']}, "
+              f"refill={c['refill']}, K={c['local_steps']}, B={c['batch_size']}; Fashion-MNIST logreg")
+    print(RULE)
+    print(_row([""] + [c[0] for c in cols], w))
+
+    def line(label, fn):
+        cells = []
+        for _, name, v in cols:
+            try:
+                x = fn(algos[name], algos[name]["baseline"] if v == "loop" else algos[name]["engine"][v], v)
+            except (KeyError, TypeError, ZeroDivisionError):
+                x = None
+            cells.append("" if x is None else x)
+        print(_row([label] + cells, w))
+
+    line("client updates / s", lambda a, r, v: f"{r['updates_per_second']:.0f}")
+    line("us per server step", lambda a, r, v: f"{r['seconds_per_step'] * 1e6:.0f}")
+    line("best chunk/segment upd/s", lambda a, r, v: f"{r['best_segment_updates_per_second']:.0f}" if v == "loop"
+         else f"{r['best_chunk_updates_per_second']:.0f}")
+    line("engine / loop", lambda a, r, v: None if v == "loop" else f"{a['speedup'][v]:.2f}x")
+    line("  best chunk / best segment", lambda a, r, v: None if v == "loop" else f"{a['speedup_best'][v]:.2f}x")
+    line("lookahead window mean/max", lambda a, r, v: (f"{r['windows']['mean_window']:.1f}/{r['windows']['max_window']}"
+                                                       if v not in ("loop", "1") else None))
+    line("jobs trained / dispatched", lambda a, r, v: (f"{r['timed_computed_jobs'] / max(r['timed_jobs'], 1):.1f}"
+                                                       if v != "loop" else None))
+    line("compile s (init + chunk)", lambda a, r, v: (f"{r['compile_init_seconds']:.1f}+{r['compile_chunk_seconds']:.1f}"
+                                                      if v != "loop" else None))
+    line("no-op loop updates / s", lambda a, r, v: f"{a['baseline_noop']['updates_per_second']:.0f}"
+         if v == "loop" else None)
+    line("same model as loop", lambda a, r, v: (f"{'yes' if a['check'][v]['match'] else 'NO'} "
+                                                f"({a['check'][v]['max_abs_diff']:.0e})") if v != "loop" else None)
+    for name, a in algos.items():
+        b = a["breakdown"]
+        print(f"  {name} step breakdown: engine {b['engine_seconds_per_step'] * 1e6:.0f} us = server rule alone "
+              f"{b['server_seconds_per_step'] * 1e6:.0f} us + local training alone "
+              f"{b['training_seconds_per_step'] * 1e6:.0f} us ({b['jobs_per_step']:.0f} jobs) + engine bookkeeping "
+              f"{b['other_seconds_per_step'] * 1e6:.0f} us")
+        if "lookahead_windows_L8" in a:
+            print(f"  {name}: lookahead windows of its schedule with L=8: mean "
+                  f"{a['lookahead_windows_L8']['mean_window']:.2f}, max {a['lookahead_windows_L8']['max_window']}")
+    print(RULE)
+
+
+def print_scaling(sc: dict[str, Any]) -> None:
+    print(f"scaling: engine time per client update (event; best chunk) as n grows, on one device unless marked; "
+          f"every client holds {sc['examples_per_client']} examples; ACE from a zero state beyond "
+          f"n={sc['real_init_max_n']} (*)")
+    w = [33, 8, 11, 10, 14, 15, 15, 9, 9]
+    print(_row(["", "cache", "us / event", "us / step", "server us/step", "compile chunk s", "init comp+run s", "state",
+                "peak RSS"], w))
+    for r in sc["rows"]:
+        label = f"{r['algorithm']} n={r['num_clients']}" + (" (jobs sharded)" if r.get("shard") else "")
+        if "error" in r:
+            print(_row([label, r["cache"], "error"], w[:3]))
+            continue
+        init = "(*)" if r["zero_init"] else f"{r['compile_init_seconds']:.1f}+{r['init_run_seconds']:.1f}"
+        print(_row([label, r["cache"], f"{r['seconds_per_event'] * 1e6:.0f}", f"{r['seconds_per_step'] * 1e6:.0f}",
+                    f"{r['server_rule_seconds_per_step'] * 1e6:.0f}", f"{r['compile_chunk_seconds']:.1f}", init,
+                    bench_scale._gib(r["state_bytes"]),
+                    bench_scale._gib(r["peak_rss_bytes"])], w))
+    print(RULE)
+
+
+def print_replicas(rp: dict[str, Any]) -> None:
+    print("replicas: wall time per server step (best chunk) as the vmapped replica axis (client lr x seeds) grows, "
+          "logreg, one device")
+    for name, block in rp.items():
+        cells = ", ".join(f"R={r['replicas']}: {r['seconds_per_step'] * 1e3:.2f} ms ({r['relative_to_one']:.2f}x)"
+                          for r in block["rows"])
+        print(f"  {name} (n={block['num_clients']}): {cells}")
+    print(RULE)
+
+
+def print_targets(res: dict[str, Any]) -> None:
     print("targets")
     for t in res["targets"]:
-        print(f"  {t['name']:<56} measured {t['measured']:7.3f}  target >= {t['target']:<5}  {t['status']}")
+        op = "<=" if t.get("op") == "<=" else ">="
+        print(f"  {t['name']:<64} measured {t['measured']:8.3f}  target {op} {t['target']:<5}  {t['status']}")
         if "note" in t:
             print(f"    {t['note']}")
-    print("-" * 104)
-    sc = res["schedules"]
-    print(f"schedule sampling (1M arrivals each): all_active n=100k T=1M: {sc['all_active_n100k_T1M_seconds']:.2f} s | "
-          f"concurrent n=100k Mc=1000 M=100 immediate T=10k: {sc['concurrent_n100k_Mc1000_M100_T10k_seconds']:.2f} s")
-    print(bar)
+
+
+def print_table(res: dict[str, Any]) -> None:
+    print_header(res)
+    if res.get("models"):
+        print_fedbuff(res)
+    if res.get("algorithms"):
+        print_algorithms(res)
+    if res.get("scaling"):
+        print_scaling(res["scaling"])
+    if res.get("replicas"):
+        print_replicas(res["replicas"])
+    if res.get("compile"):
+        c = res["compile"]
+        runs = ", ".join(f"{r['label']} {r['compile_seconds']:.1f} s" for r in c["runs"])
+        print(f"default experiment ({c['config']}; {c['data']} data, {c['model']}): compile {c['compile_seconds_total']:.1f}"
+              f" s ({runs}), wall {c['wall_seconds']:.1f} s")
+        print(RULE)
+    if res.get("schedules"):
+        sc = res["schedules"]
+        print(f"schedule sampling (1M arrivals each): all_active n=100k T=1M: {sc['all_active_n100k_T1M_seconds']:.2f} s "
+              f"| concurrent n=100k Mc=1000 M=100 immediate T=10k: "
+              f"{sc['concurrent_n100k_Mc1000_M100_T10k_seconds']:.2f} s")
+        print(RULE)
+    print_targets(res)
+    print(BAR)
+
+
+def _target(name: str, measured: float, target: float, op: str = ">=", note: str | None = None) -> dict[str, Any]:
+    ok = measured >= target if op == ">=" else measured <= target
+    t = {"name": name, "measured": float(measured), "target": target, "op": op,
+         "status": "PASS" if ok else "MISS"}
+    if note:
+        t["note"] = note
+    return t
+
+
+def targets_of(res: dict[str, Any]) -> list[dict[str, Any]]:
+    targets = []
+    by = {r["model"]: r for r in res.get("models", [])}
+    if "logreg" in by:  # ratios of the best engine chunk and the best loop segment (robust to other jobs)
+        v = by["logreg"]["speedup_best"]
+        note = f"(whole runs: {by['logreg']['speedup_updates_per_second']:.2f}x)"
+        targets.append(_target("FedBuff logreg: engine / per-event loop (core issue)", v, TARGET_SPEEDUP_LOGREG,
+                               note=note))
+        targets.append(_target("FedBuff logreg: engine / per-event loop", v, TARGET_SPEEDUP, note=note))
+    if "mlp" in by and res.get("matmul"):
+        v = by["mlp"]["engine_fraction_of_peak"]
+        paired = by["mlp"]["engine"].get("paired_fraction_of_matmul")
+        note = None
+        if paired is not None:
+            note = (f"(per chunk vs the matmul rate measured right after it, median: {paired:.3f} -> "
+                    f"{'PASS' if paired >= TARGET_PEAK_FRACTION_MLP else 'MISS'}; informational)")
+        targets.append(_target("FedBuff mlp: engine local-training GFLOP/s / matmul peak", v, TARGET_PEAK_FRACTION_MLP,
+                               note=note))
+    algos = res.get("algorithms", {})
+    if "ace" in algos:
+        a = algos["ace"]
+        targets.append(_target("ACE: engine (lookahead off) / per-event loop", a["speedup_best"]["1"], TARGET_SPEEDUP,
+                               note=f"(whole runs: {a['speedup']['1']:.2f}x)"))
+        on = max((L for L in a["engine"] if L != "1"), key=lambda L: a["speedup_best"][L], default=None)
+        if on is not None:
+            targets.append(_target(f"ACE: engine (lookahead L={on}, the best L) / per-event loop",
+                                   a["speedup_best"][on], TARGET_SPEEDUP,
+                                   note=f"(whole runs: {a['speedup'][on]:.2f}x)"))
+    if "ca2fl" in algos:
+        a = algos["ca2fl"]
+        targets.append(_target("CA2FL: engine / per-event loop (informational)", a["speedup_best"]["1"],
+                               TARGET_SPEEDUP, note=f"(whole runs: {a['speedup']['1']:.2f}x)"))
+    count, ratio = bench_scale.TARGET_REPLICAS
+    for name, block in res.get("replicas", {}).items():
+        rows = {r["replicas"]: r for r in block["rows"]}
+        if count in rows:
+            targets.append(_target(f"{name}: wall time of {count} replicas / one replica", rows[count]["relative_to_one"],
+                                   ratio, op="<="))
+    if res.get("compile"):
+        targets.append(_target("default experiment: compile seconds (all runs)", res["compile"]["compile_seconds_total"],
+                               bench_scale.TARGET_COMPILE_SECONDS, op="<="))
+    return targets
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smaller step counts (about a minute)")
+    p.add_argument("--quick", action="store_true", help="smaller step counts and sweeps (about 2-3 minutes)")
+    p.add_argument("--smoke", action="store_true", help="the smallest sizes (for tests; numbers are meaningless)")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
     p.add_argument("--steps", type=int, default=None,
-                   help="engine server steps per model (rounded up to whole chunks of the default length; the "
-                        "first chunk is warm-up)")
-    p.add_argument("--out", default=None, help="write the results as JSON to this file")
-    p.add_argument("--models", default="logreg,mlp", help="comma-separated subset of logreg,mlp")
+                   help="FedBuff engine server steps per model (rounded up to whole chunks of the default length; "
+                        "the first chunk is warm-up)")
+    p.add_argument("--out", default=None, help="write the results as JSON to this file (and the plot beside it)")
+    p.add_argument("--plot", default=None,
+                   help="the plot's file (default: the --out file with .png instead of .json; none without --out)")
+    p.add_argument("--models", default="logreg,mlp", help="FedBuff part: comma-separated subset of logreg,mlp")
     p.add_argument("--skip-schedules", action="store_true", help="skip the schedule-sampling timings")
+    p.add_argument("--real-init-max-n", type=int, default=None,
+                   help="scaling part: run the engine's init (initial jobs, ACE's initialization round) up to this n "
+                        "and start larger runs from a zero state (default 1000; the init compiles for about a minute "
+                        "at n=10,000)")
     p.add_argument("--one-device", action="store_true",
                    help="keep JAX's single CPU device (default: one device per core, jobs of a step spread over them)")
     args = p.parse_args(argv)
 
-    plan = QUICK if args.quick else FULL
+    if args.quick and args.smoke:
+        p.error("--quick and --smoke exclude each other")
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    for x in parts:
+        if x not in PARTS:
+            p.error(f"unknown part {x!r}; choose from {','.join(PARTS)}")
+    if args.skip_schedules and "schedules" in parts:
+        parts.remove("schedules")
+    if "fedbuff" in parts and "matmul" not in parts:
+        parts.insert(0, "matmul")  # the FedBuff part reports GFLOP/s as a fraction of the matmul peak
+    plan = {"full": FULL, "quick": QUICK, "smoke": SMOKE}[mode]
+    scale_plan = bench_scale.PLANS[mode]
+    if args.real_init_max_n is not None:
+        scale_plan = {**scale_plan, "scaling": {**scale_plan["scaling"], "real_init_max_n": args.real_init_max_n}}
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:
         if m not in plan:
@@ -550,74 +585,99 @@ def main(argv=None) -> int:
         p.error("--steps must be >= 1")
     env = {"jax": jax.__version__, "backend": jax.default_backend(), "device": str(jax.devices()[0]),
            "num_devices": jax.device_count(), "jobs_sharded": jax.device_count() > 1,
-           "cpu_count": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine()}
-    log(f"jax {env['jax']} ({env['backend']}: {env['device']}), {env['cpu_count']} CPUs")
+           "cpu_count": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
+           "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    log(f"jax {env['jax']} ({env['backend']}: {env['device']}), {env['cpu_count']} CPUs, parts: {','.join(parts)}, "
+        f"{mode} run")
     t_start = time.perf_counter()
-    sizes, repeats = [512, 1024, 2048], (3 if args.quick else 6)
+    res: dict[str, Any] = {"env": env, "mode": mode, "quick": mode == "quick", "parts": parts}
+    seconds: dict[str, float] = {}
+    sizes, repeats = ([128, 256], 1) if mode == "smoke" else ([512, 1024, 2048], 3 if mode == "quick" else 6)
 
-    log("1. matmul peak")
-    mm = matmul_peak(sizes, repeats)
+    if "matmul" in parts:
+        log("1. matmul peak")
+        t0 = time.perf_counter()
+        res["matmul"] = matmul_peak(sizes, repeats)
+        seconds["matmul"] = time.perf_counter() - t0
 
-    probe = make_matmul_probe()
-    log("2. FedBuff on Fashion-MNIST")
-    ds, data_note = load_data()
-    parts = partition("iid", ds.train_y, NUM_CLIENTS, SEED)
-    results = []
-    for name in models:
-        chunk_len, chunks, base_steps = plan[name]
-        if args.steps is not None:
-            if args.steps < 2 * chunk_len:  # too few steps for a warm-up chunk + a timed one: two chunks of half
-                chunk_len, chunks = max(1, args.steps // 2), 2
-            else:
-                chunks = -(-args.steps // chunk_len)
-        results.append(run_model(name, ds, parts, chunk_len, chunks, baseline_steps=base_steps, probe=probe))
+    ds = data_note = None
+    if any(x in parts for x in ("fedbuff", "ace", "ca2fl", "scaling", "replicas")):
+        ds, data_note = load_data()
+    res["data"] = data_note or "synthetic LEAF (compile part only)"
 
-    log("1'. matmul peak again (the machine may be noisy; the peak is the best of both)")
-    mm_end = matmul_peak(sizes, repeats)
-    mm = {"sizes": mm["sizes"], "sizes_end": mm_end["sizes"],
-          "peak_gflops": max(mm["peak_gflops"], mm_end["peak_gflops"])}
-    peak = mm["peak_gflops"]
+    if "fedbuff" in parts:
+        log("2. FedBuff on Fashion-MNIST")
+        t0 = time.perf_counter()
+        probe = make_matmul_probe() if mode != "smoke" else None
+        fb_parts = partition("iid", ds.train_y, NUM_CLIENTS, SEED)
+        results = []
+        for name in models:
+            chunk_len, chunks, base_steps = plan[name]
+            if args.steps is not None:
+                if args.steps < 2 * chunk_len:  # too few steps for a warm-up chunk + a timed one: two chunks of half
+                    chunk_len, chunks = max(1, args.steps // 2), 2
+                else:
+                    chunks = -(-args.steps // chunk_len)
+            results.append(run_model(name, ds, fb_parts, chunk_len, chunks, baseline_steps=base_steps, probe=probe))
+        res["models"] = results
+        res["setting"] = {"num_clients": NUM_CLIENTS, "concurrency": CONCURRENCY, "buffer_size": BUFFER,
+                          "refill": REFILL, "local_steps": K, "batch_size": B, "client_lr": CLIENT_LR,
+                          "server_lr": SERVER_LR, "partition": "iid", "seed": SEED,
+                          "engine_timing": "compile, initial jobs and first chunk excluded; evaluation sets shrunk "
+                                           "to 2 examples (full evaluation cost reported separately)"}
+        seconds["fedbuff"] = time.perf_counter() - t0
 
-    targets = []
-    by = {r["model"]: r for r in results}
-    for r in results:
-        r["engine_fraction_of_peak"] = r["engine"]["gflops"] / peak
-    if "logreg" in by:
-        v = by["logreg"]["speedup_updates_per_second"]
-        targets.append({"name": "logreg: engine / per-event loop, client updates per s", "measured": v,
-                        "target": TARGET_SPEEDUP_LOGREG, "status": "PASS" if v >= TARGET_SPEEDUP_LOGREG else "MISS"})
-    if "mlp" in by:
-        v = by["mlp"]["engine_fraction_of_peak"]
-        t = {"name": "mlp: engine local-training GFLOP/s / matmul peak", "measured": v,
-             "target": TARGET_PEAK_FRACTION_MLP, "status": "PASS" if v >= TARGET_PEAK_FRACTION_MLP else "MISS"}
-        paired = by["mlp"]["engine"].get("paired_fraction_of_matmul")
-        if paired is not None:
-            t["note"] = (f"(per chunk vs the matmul rate measured right after it, median: {paired:.3f} -> "
-                         f"{'PASS' if paired >= TARGET_PEAK_FRACTION_MLP else 'MISS'}; informational)")
-        targets.append(t)
+    for name in ("ace", "ca2fl"):
+        if name in parts:
+            log(f"3. {name.upper()} on Fashion-MNIST: engine vs per-event loop"
+                + (", lookahead off vs on" if name == "ace" else ""))
+            t0 = time.perf_counter()
+            res.setdefault("algorithms", {})[name] = bench_scale.run_algorithm(name, ds, scale_plan[name])
+            seconds[name] = time.perf_counter() - t0
 
-    sched = {"all_active_n100k_T1M_seconds": math.nan, "concurrent_n100k_Mc1000_M100_T10k_seconds": math.nan}
-    if not args.skip_schedules:
-        log("3. schedule sampling")
-        sched = bench_schedules()
+    if "scaling" in parts:
+        log("4. scaling with n: time per event and memory (ACE, CA2FL)")
+        t0 = time.perf_counter()
+        res["scaling"] = bench_scale.run_scaling(ds, scale_plan["scaling"])
+        seconds["scaling"] = time.perf_counter() - t0
 
-    res = {
-        "env": env,
-        "quick": bool(args.quick),
-        "data": data_note,
-        "setting": {"num_clients": NUM_CLIENTS, "concurrency": CONCURRENCY, "buffer_size": BUFFER, "refill": REFILL,
-                    "local_steps": K, "batch_size": B, "client_lr": CLIENT_LR, "server_lr": SERVER_LR,
-                    "partition": "iid", "seed": SEED,
-                    "engine_timing": "compile, initial jobs and first chunk excluded; evaluation sets shrunk to 2 "
-                                     "examples (full evaluation cost reported separately)"},
-        "matmul": mm,
-        "models": results,
-        "targets": targets,
-        "schedules": sched,
-        "total_seconds": time.perf_counter() - t_start,
-    }
+    if "replicas" in parts:
+        log("5. replicas: wall time as the vmapped replica axis grows")
+        t0 = time.perf_counter()
+        res["replicas"] = bench_scale.run_replicas(ds, scale_plan["replicas"])
+        seconds["replicas"] = time.perf_counter() - t0
+
+    if "compile" in parts:
+        log("6. compile time of the default experiment")
+        t0 = time.perf_counter()
+        res["compile"] = bench_scale.run_compile(scale_plan["compile"])
+        seconds["compile"] = time.perf_counter() - t0
+
+    if "matmul" in parts:
+        log("1'. matmul peak again (the machine may be noisy; the peak is the best of both)")
+        mm_end = matmul_peak(sizes, repeats)
+        res["matmul"] = {"sizes": res["matmul"]["sizes"], "sizes_end": mm_end["sizes"],
+                         "peak_gflops": max(res["matmul"]["peak_gflops"], mm_end["peak_gflops"])}
+        for r in res.get("models", []):
+            r["engine_fraction_of_peak"] = r["engine"]["gflops"] / res["matmul"]["peak_gflops"]
+
+    if "schedules" in parts:
+        log("7. schedule sampling")
+        t0 = time.perf_counter()
+        res["schedules"] = bench_schedules()
+        seconds["schedules"] = time.perf_counter() - t0
+
+    res["targets"] = targets_of(res)
+    res["part_seconds"] = seconds
+    res["total_seconds"] = time.perf_counter() - t_start
     print_table(res)
-    log(f"total wall time {res['total_seconds']:.0f} s")
+    log(f"total wall time {res['total_seconds']:.0f} s ("
+        + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()) + ")")
+    plot_path = args.plot or (os.path.splitext(args.out)[0] + ".png" if args.out else None)
+    if plot_path:
+        res["plot"] = bench_scale.plot(res, plot_path)
+        if res["plot"]:
+            log(f"wrote {res['plot']}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=2, default=float)

@@ -98,6 +98,9 @@ def test_bad_lookahead_is_refused(task):
 
     with pytest.raises(ValueError, match="lookahead must be an integer >= 1"):
         simulate(task, get_algorithm("fedasync"), SCHEDULES["all_active"](0), LOCAL, lookahead=0, progress=False)
+    with pytest.raises(ValueError, match="cannot be combined with shard_jobs"):
+        simulate(task, get_algorithm("fedasync"), SCHEDULES["all_active"](0), LOCAL, lookahead=4, shard_jobs=True,
+                 progress=False)
     with pytest.raises(ValueError, match="needs a pre-sampled schedule"):
         simulate(task, get_algorithm("fedasync"), EventClock(N, 10, DelayModel()), LOCAL, lookahead=4,
                  progress=False)

@@ -88,3 +88,53 @@ def test_reproduce_asyncfeded_quick_writes_outputs_and_tables_every_method(tmp_p
     for run in data["runs"]:  # every run covers the budget on the time axis
         assert run["times"][0] == 0.0 and run["times"][-1] > data["args"]["budget"]
 
+
+def test_bench_scale_parts_run_in_the_smallest_mode_and_write_their_json(tmp_path):
+    """scripts/bench.py --smoke: the ACE/CA2FL, scaling, replicas and compile parts end to end at tiny sizes (about
+    30-50 s, mostly compiling); a smoke test of the JSON they write, no timing assertions."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.json"
+    # XLA's backend optimizations are off in the child to halve the compile time; one CPU device (no sharding).
+    flags = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+               JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"), XLA_FLAGS=flags)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "--smoke", "--one-device",
+                           "--parts", "ace,ca2fl,scaling,replicas,compile", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(os.listdir(tmp_path)) == ["bench.json", "bench.png"]
+    assert "targets" in proc.stdout
+    res = json.loads(out.read_text())
+    assert res["mode"] == "smoke" and res["parts"] == ["ace", "ca2fl", "scaling", "replicas", "compile"]
+    assert {"env", "data", "algorithms", "scaling", "replicas", "compile", "targets", "part_seconds",
+            "total_seconds", "plot"} <= set(res)
+    for name, variants in (("ace", {"1", "4"}), ("ca2fl", {"1"})):
+        a = res["algorithms"][name]
+        assert set(a["engine"]) == variants and set(a["speedup"]) == variants and set(a["speedup_best"]) == variants
+        for v in variants:
+            e = a["engine"][v]
+            assert e["updates_per_second"] > 0 and e["seconds_per_step"] > 0 and e["timed_steps"] > 0
+            assert {"server_bytes", "clients_bytes", "pending_bytes", "data_bytes"} <= set(e["memory_budget"])
+            assert a["check"][v]["match"]  # the engine and the per-event loop computed the same model
+        assert a["baseline"]["updates_per_second"] > 0 and a["baseline"]["best_segment_updates_per_second"] > 0
+        assert {"server_seconds_per_step", "training_seconds_per_step", "other_seconds_per_step"} <= set(a["breakdown"])
+    windows = res["algorithms"]["ace"]["engine"]["4"]["windows"]
+    assert windows["L"] == 4 and 1 <= windows["max_window"] <= 4 and windows["mean_window"] >= 1
+    assert res["algorithms"]["ca2fl"]["lookahead_windows_L8"]["L"] == 8
+    rows = res["scaling"]["rows"]
+    assert {(r["algorithm"], r["num_clients"]) for r in rows} == {("ace", 60), ("ca2fl", 60)}
+    for r in rows:
+        assert r["seconds_per_event"] > 0 and r["peak_rss_bytes"] > 0 and r["state_bytes"] > 0
+        assert r["memory_budget"]["replicas"] == 1
+    assert [r["zero_init"] for r in rows] == [True, False]  # ACE beyond real_init_max_n starts from a zero state
+    replicas = res["replicas"]["ace"]["rows"]
+    assert [r["replicas"] for r in replicas] == [1, 2] and replicas[0]["relative_to_one"] == 1.0
+    compiled = res["compile"]
+    assert compiled["runs"] and compiled["runs"][0]["algorithm"] == "fedbuff"
+    assert compiled["compile_seconds_total"] > 0 and compiled["wall_seconds"] >= compiled["compile_seconds_total"]
+    names = [t["name"] for t in res["targets"]]
+    assert any(n.startswith("ACE: engine (lookahead off)") for n in names)
+    assert any(n.startswith("default experiment: compile") for n in names)
+    assert all(t["status"] in ("PASS", "MISS") for t in res["targets"])
