@@ -265,11 +265,8 @@ def build_clocked_program(task: Task, algorithm: Algorithm, local: LocalConfig, 
             row_count=again.astype(jnp.int32),
         )
         clock = dispatch(clock, server, hp, tables, i, arrival, t + 2, jnp.int32(0), algorithm.params(server), again)
-        record = (i.astype(jnp.int32), row, col, steps, clock_start(carry.clock, i), arrival)
+        record = (i.astype(jnp.int32), row, col, steps, _at(carry.clock.start, i), arrival)
         return ClockedCarry(server=server, clients=memory, clock=clock, diverged_at=diverged_at), record
-
-    def clock_start(clock: ClockState, i: jax.Array) -> Time:
-        return _at(clock.start, i)
 
     def advance(carry: ClockedCarry, chunk: ClockChunk, hp, key: jax.Array, data: TaskArrays):
         def body(c, t):
