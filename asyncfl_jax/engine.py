@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import itertools
 import os
 import sys
@@ -369,9 +370,9 @@ def build_program(
         pending = jax.tree_util.tree_map(lambda p, m: p.at[slot_idx].set(m, mode="drop"), carry.pending, messages)
         return carry._replace(pending=pending, clients=memory)
 
-    def job_keys(key: jax.Array, step_plus_one: jax.Array, width: int, offset: int = 0) -> jax.Array:
+    def job_keys(key: jax.Array, step_plus_one: jax.Array, width: int) -> jax.Array:
         base = jax.random.fold_in(key, step_plus_one)
-        return jax.vmap(lambda j: jax.random.fold_in(base, j))(jnp.arange(offset, offset + width))
+        return jax.vmap(lambda j: jax.random.fold_in(base, j))(jnp.arange(width))
 
     def server_key(key: jax.Array, step_plus_one: jax.Array) -> jax.Array:
         return jax.random.fold_in(jax.random.fold_in(key, step_plus_one), SERVER_STREAM)
@@ -379,18 +380,21 @@ def build_program(
     def initialization_round(carry: Carry, hp, key: jax.Array, data: TaskArrays) -> Carry:
         """Every client computes its result at ``x0`` and the server applies one step with all n messages."""
         base = jax.random.fold_in(key, INIT_ROUND_STREAM)
-        parts = []
-        for start in range(0, n, INIT_BATCH):  # in bounded groups, like the initial jobs
-            clients = jnp.arange(start, min(start + INIT_BATCH, n), dtype=jnp.int32)
+
+        def group(memory, job):  # one bounded group of clients, trained together
+            (clients,) = job
+            valid = clients < n
+            clients = jnp.where(valid, clients, 0)
             keys = jax.vmap(lambda j: jax.random.fold_in(base, j))(clients)
-            messages, memory = train(data.x0, clients, jnp.ones(clients.shape, bool), keys, carry, hp, data)
-            carry = carry._replace(clients=memory)
-            parts.append(messages)
-        messages = jax.tree_util.tree_map(lambda *m: jnp.concatenate(m), *parts)
+            messages, memory = train(data.x0, clients, valid, keys, carry._replace(clients=memory), hp, data)
+            return memory, messages
+
+        memory, messages = _in_groups(group, carry.clients, (jnp.arange(n, dtype=jnp.int32),), fills=(n,))
+        messages = jax.tree_util.tree_map(lambda m: m[:n], messages)
         meta = ServerMeta(clients=jnp.arange(n, dtype=jnp.int32), mask=jnp.ones((n,), bool),
                           staleness=jnp.zeros((n,), jnp.int32), step=jnp.int32(-1), time=jnp.float32(0.0),
                           key=jax.random.fold_in(base, SERVER_STREAM))
-        return carry._replace(server=algorithm.server(carry.server, messages, meta, hp))
+        return carry._replace(clients=memory, server=algorithm.server(carry.server, messages, meta, hp))
 
     def init(sched: ScheduleArrays, hp, key: jax.Array, data: TaskArrays) -> Carry:
         x0 = data.x0
@@ -407,10 +411,14 @@ def build_program(
             carry = initialization_round(carry, hp, key, data)
             x0 = algorithm.params(carry.server)  # the schedule's x_0
         d0 = int(sched.init_clients.shape[0])
-        for start in range(0, d0, INIT_BATCH):  # initial jobs, all from x_0, in bounded groups
-            stop = min(start + INIT_BATCH, d0)
-            keys = job_keys(key, jnp.int32(0), stop - start, offset=start)
-            carry = run_jobs(x0, sched.init_clients[start:stop], sched.init_slots[start:stop], keys, carry, hp, data)
+
+        def group(c, job):  # initial jobs, all from x_0, in bounded groups
+            index, clients, slots = job
+            keys = jax.vmap(lambda j: jax.random.fold_in(jax.random.fold_in(key, 0), j))(index)  # = job_keys(key, 0, .)
+            return run_jobs(x0, clients, slots, keys, c, hp, data), None
+
+        jobs = (jnp.arange(d0, dtype=jnp.int32), sched.init_clients, sched.init_slots)
+        carry, _ = _in_groups(group, carry, jobs, fills=(0, -1, -1))
         return carry
 
     def empty_buffer(server: Any, x0: jax.Array, hp, width: int) -> DeferredJobs:
@@ -437,11 +445,13 @@ def build_program(
             buf = buf._replace(steps=buf.steps.at[row].set(steps))
         return carry._replace(deferred=buf)
 
-    def flush(carry: Carry, key: jax.Array, data: TaskArrays) -> Carry:
-        """Trains every buffered job in one vmapped call (L x D jobs, each from its row's model) and empties the
-        buffer; the messages go to the jobs' slots."""
-        buf = carry.deferred
-        rows, width = buf.clients.shape
+    def flush(carry: Carry, key: jax.Array, data: TaskArrays, rows: int) -> Carry:
+        """Trains the jobs of the first ``rows`` buffer rows in one vmapped call (``rows x D`` jobs, each from its
+        row's model) and empties the buffer; the messages go to the jobs' slots. ``rows`` is static: the smallest
+        bucket (:func:`flush_buckets`) that holds the rows filled so far, so a short window trains few jobs."""
+        full = carry.deferred
+        buf = jax.tree_util.tree_map(lambda a: a[:rows], full)
+        width = buf.clients.shape[1]
         clients = buf.clients.reshape(-1)
         valid = clients >= 0
         clients = jnp.where(valid, clients, 0)
@@ -465,13 +475,22 @@ def build_program(
                                                      per_job=True)
         slot_idx = jnp.where(valid, buf.slots.reshape(-1), num_slots)  # out of range -> dropped
         pending = jax.tree_util.tree_map(lambda p, m: p.at[slot_idx].set(m, mode="drop"), carry.pending, messages)
-        buf = buf._replace(clients=jnp.full_like(buf.clients, -1))
-        return carry._replace(pending=pending, clients=memory, deferred=buf)
+        full = full._replace(clients=jnp.full_like(full.clients, -1))
+        return carry._replace(pending=pending, clients=memory, deferred=full)
+
+    buckets = flush_buckets(lookahead)
+
+    def flush_filled(carry: Carry, s: StepArrays, key: jax.Array, data: TaskArrays) -> Carry:
+        """At a flush step, trains the filled rows ``0 .. plan.position`` (rounded up to a bucket); else nothing.
+        The plan is shared by the replicas, so under the replica vmap this stays a real branch."""
+        bucket = jnp.searchsorted(jnp.asarray(buckets), s.plan.position + 1)  # first bucket >= filled rows
+        branches = [lambda c: c] + [functools.partial(flush, key=key, data=data, rows=r) for r in buckets]
+        return jax.lax.switch(jnp.where(s.plan.flush, bucket + 1, 0), branches, carry)
 
     def step(carry: Carry, s: StepArrays, hp, key: jax.Array, data: TaskArrays) -> Carry:
         if lookahead > 1:  # 1. dispatch: record now, train with the buffer when the plan says so
             carry = defer(carry, s, hp)
-            carry = jax.lax.cond(s.plan.flush, lambda c: flush(c, key, data), lambda c: c, carry)
+            carry = flush_filled(carry, s, key, data)
         else:  # 1. dispatch: train now
             x_t = algorithm.params(carry.server)
             keys = job_keys(key, s.step + 1, s.dispatch_clients.shape[0])
@@ -505,6 +524,30 @@ def build_program(
     return with_evaluation(Program(init=init, advance=advance_chunk, frozen_advance=frozen_advance, evaluate=evaluate,
                                    train=train, initialization_round=initialization_round, job_hparams=job_hparams),
                            algorithm)
+
+
+def flush_buckets(lookahead: int) -> tuple[int, ...]:
+    """The buffer sizes a lookahead flush is compiled for: powers of two below ``L``, and ``L``."""
+    return tuple(sorted({min(2 ** i, lookahead) for i in range(max(1, lookahead).bit_length() + 1)}))
+
+
+def _in_groups(fn: Callable[[Any, tuple], tuple[Any, Any]], carry: Any, arrays: tuple[jax.Array, ...],
+               fills: tuple[int, ...], size: int | None = None) -> tuple[Any, Any]:
+    """``lax.scan`` of ``fn(carry, rows) -> (carry, out)`` over ``arrays`` in groups of ``size`` rows (the last group
+    padded with ``fills``), so that ``n`` initial jobs compile to one loop body and never hold more than ``size`` jobs'
+    intermediates at once (``size`` defaults to ``INIT_BATCH``). Returns the final carry and the outputs concatenated
+    over the (padded) rows."""
+    size = INIT_BATCH if size is None else size
+    length = int(arrays[0].shape[0])
+    if length <= size:
+        return fn(carry, arrays) if length else (carry, None)
+    groups = -(-length // size)
+    padded = tuple(
+        jnp.concatenate([a, jnp.full((groups * size - length, *a.shape[1:]), f, a.dtype)]).reshape(groups, size,
+                                                                                                     *a.shape[1:])
+        for a, f in zip(arrays, fills))
+    carry, out = jax.lax.scan(fn, carry, padded)
+    return carry, jax.tree_util.tree_map(lambda o: o.reshape(groups * size, *o.shape[2:]), out)
 
 
 def with_evaluation(program: Program, algorithm: Algorithm) -> Program:

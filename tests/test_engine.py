@@ -210,3 +210,21 @@ def test_compiled_step_copies_no_per_client_buffer(task, protocol, options):
     copies = [line for line in hlo.splitlines()
               if " copy(" in line and any(re.search(re.escape(s) + r"\S* copy\(", line) for s in shapes)]
     assert not copies, copies
+
+
+@pytest.mark.parametrize("name", ["ace", "asynflc_ef"])  # an initialization round; client memory
+def test_initial_jobs_in_groups_equal_one_group(task, name, monkeypatch):
+    """The initialization round and the initial jobs are scanned in groups of ``INIT_BATCH`` (padded at the end);
+    the group size changes nothing, also for algorithms with client memory (error feedback, AREA)."""
+    from asyncfl_jax import engine
+    from asyncfl_jax.algorithms import get_algorithm
+
+    sched = make_schedule("all_active", N, 15, DELAYS, seed=2)
+    assert sched.init_clients.shape[0] == N
+    alg = get_algorithm(name)
+    one = simulate(task, alg, sched, LOCAL, seeds=[0, 1], eval_every=5, progress=False)
+    monkeypatch.setattr(engine, "INIT_BATCH", 5)  # 12 clients -> 3 groups, the last one padded with 3 empty rows
+    grouped = simulate(task, alg, sched, LOCAL, seeds=[0, 1], eval_every=5, progress=False)
+    np.testing.assert_allclose(grouped.final_params, one.final_params, rtol=1e-6, atol=1e-7)
+    for k in one.metrics:
+        np.testing.assert_allclose(grouped.metrics[k], one.metrics[k], rtol=1e-6, atol=1e-7)
