@@ -68,7 +68,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    "tfds/emnist | tfds/cifar10 | tfds/cifar100 (prepared with TensorFlow Datasets)")
     g.add_argument("--data-dir", help="folder holding the dataset's IDX .gz files (tfds/...: the TFDS data folder)")
     g.add_argument("--num-clients", type=int, help="number of clients n")
-    g.add_argument("--partition", help="natural (synthetic only) | iid | dirichlet | shards | power_law")
+    g.add_argument("--partition", help="natural (synthetic only) | iid | dirichlet | shards | power_law | "
+                   "dirichlet_sampled (any n: data.examples_per_client examples per client, drawn with replacement)")
     g.add_argument("--dirichlet-alpha", type=float, help="concentration of the Dirichlet label partition")
     g.add_argument("--model", help="logreg | mlp | cnn | ca2fl_cnn | resnet18_gn | alexnet_cifar | femnist_cnn | "
                    "area_logreg (see docs/simulator.md, Models)")

@@ -19,7 +19,7 @@ from asyncfl_jax.timing.delays import DelayModel
 
 TFDS_DATASETS = ("tfds/mnist", "tfds/fashion_mnist", "tfds/emnist", "tfds/cifar10", "tfds/cifar100")
 DATASETS = ("synthetic", "fashion_mnist", "mnist", *TFDS_DATASETS)
-PARTITIONS = ("natural", "iid", "dirichlet", "shards", "power_law")
+PARTITIONS = ("natural", "iid", "dirichlet", "shards", "power_law", "dirichlet_sampled")
 IMAGE_MODELS = ("cnn", "ca2fl_cnn", "resnet18_gn", "alexnet_cifar", "femnist_cnn")
 MODELS = ("logreg", "mlp", *IMAGE_MODELS, "area_logreg")  # shakespeare_lstm: no configured dataset has text
 PROTOCOLS = ("all_active", "concurrent", "synchronous", "event_clock")
@@ -50,6 +50,7 @@ class DataConfig:
     min_size: int = 10
     shards_per_client: int = 2
     power_law_exponent: float = 1.5
+    examples_per_client: int = 32
     synthetic_alpha: float = 1.0
     synthetic_beta: float = 1.0
     synthetic_max_samples: int | None = 500
@@ -350,11 +351,12 @@ def validate(cfg: ExperimentConfig) -> None:
     _check_choice("data.partition", d.partition, PARTITIONS)
     if d.partition == "natural" and d.name != "synthetic":
         _fail("data.partition", d.partition, f"'natural' needs data.name = 'synthetic' (dataset {d.name!r} has no "
-              "built-in clients); use iid, dirichlet, shards or power_law")
+              "built-in clients); use iid, dirichlet, shards, power_law or dirichlet_sampled")
     _check_positive("data.dirichlet_alpha", d.dirichlet_alpha)
     _check_int("data.min_size", d.min_size, 1)
     _check_int("data.shards_per_client", d.shards_per_client, 1)
     _check_positive("data.power_law_exponent", d.power_law_exponent)
+    _check_int("data.examples_per_client", d.examples_per_client, 1)
     for opt in ("synthetic_alpha", "synthetic_beta"):
         v = getattr(d, opt)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:

@@ -378,23 +378,46 @@ def build_program(
         return jax.random.fold_in(jax.random.fold_in(key, step_plus_one), SERVER_STREAM)
 
     def initialization_round(carry: Carry, hp, key: jax.Array, data: TaskArrays) -> Carry:
-        """Every client computes its result at ``x0`` and the server applies one step with all n messages."""
+        """Every client computes its result at ``x0`` and the server applies one step with all n messages.
+
+        The clients are trained in groups of ``INIT_BATCH``. With ``algorithm.init_round_in_groups`` each group's
+        messages go to the server at once (``server_lr = 0`` but for the last group), so no n x d buffer of messages
+        exists; else the n messages are gathered and the server takes them in one call."""
         base = jax.random.fold_in(key, INIT_ROUND_STREAM)
+        server_key = jax.random.fold_in(base, SERVER_STREAM)
 
-        def group(memory, job):  # one bounded group of clients, trained together
-            (clients,) = job
-            valid = clients < n
-            clients = jnp.where(valid, clients, 0)
+        def train_group(c: Carry, ids: jax.Array):  # ids >= n: padding of the last group
+            valid = ids < n
+            clients = jnp.where(valid, ids, 0)
             keys = jax.vmap(lambda j: jax.random.fold_in(base, j))(clients)
-            messages, memory = train(data.x0, clients, valid, keys, carry._replace(clients=memory), hp, data)
-            return memory, messages
+            messages, memory = train(data.x0, clients, valid, keys, c, hp, data)
+            return messages, memory, clients, valid
 
-        memory, messages = _in_groups(group, carry.clients, (jnp.arange(n, dtype=jnp.int32),), fills=(n,))
+        def meta(clients: jax.Array, valid: jax.Array, key: jax.Array) -> ServerMeta:
+            return ServerMeta(clients=clients, mask=valid, staleness=jnp.zeros(clients.shape, jnp.int32),
+                              step=jnp.int32(-1), time=jnp.float32(0.0), key=key)
+
+        ids = (jnp.arange(n, dtype=jnp.int32),)
+        if algorithm.init_round_in_groups:
+            def absorb(c: Carry, group):
+                (group_ids,) = group
+                messages, memory, clients, valid = train_group(c, group_ids)
+                last = group_ids[-1] >= n - 1  # the last group steps; the others only fill the server's memory
+                group_hp = {**hp, "server_lr": jnp.where(last, hp["server_lr"], 0.0)}
+                key_g = jnp.where(group_ids[0] == 0, server_key, jax.random.fold_in(server_key, group_ids[0]))
+                server = algorithm.server(c.server, messages, meta(clients, valid, key_g), group_hp)
+                return c._replace(server=server, clients=memory), None
+
+            return _in_groups(absorb, carry, ids, fills=(n,))[0]
+
+        def group(c: Carry, job):
+            messages, memory, _, _ = train_group(c, job[0])
+            return c._replace(clients=memory), messages
+
+        carry, messages = _in_groups(group, carry, ids, fills=(n,))
         messages = jax.tree_util.tree_map(lambda m: m[:n], messages)
-        meta = ServerMeta(clients=jnp.arange(n, dtype=jnp.int32), mask=jnp.ones((n,), bool),
-                          staleness=jnp.zeros((n,), jnp.int32), step=jnp.int32(-1), time=jnp.float32(0.0),
-                          key=jax.random.fold_in(base, SERVER_STREAM))
-        return carry._replace(clients=memory, server=algorithm.server(carry.server, messages, meta, hp))
+        return carry._replace(server=algorithm.server(carry.server, messages, meta(ids[0], jnp.ones((n,), bool),
+                                                                                     server_key), hp))
 
     def init(sched: ScheduleArrays, hp, key: jax.Array, data: TaskArrays) -> Carry:
         x0 = data.x0

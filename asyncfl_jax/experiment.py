@@ -81,6 +81,7 @@ def partition_dataset(cfg: ExperimentConfig, dataset: Dataset) -> list[np.ndarra
         "dirichlet": {"alpha": d.dirichlet_alpha, "min_size": d.min_size},
         "shards": {"shards_per_client": d.shards_per_client},
         "power_law": {"exponent": d.power_law_exponent, "min_size": d.min_size},
+        "dirichlet_sampled": {"alpha": d.dirichlet_alpha, "examples_per_client": d.examples_per_client},
     }[d.partition]
     return split_clients(d.partition, dataset.train_y, d.num_clients, d.seed, **options)
 

@@ -221,6 +221,9 @@ def test_power_law_sizes():
         ("iid", 10, {"alpha": 1.0}, "alpha"),
         ("iid", 0, {}, "num_clients"),
         ("iid", 10_000, {}, "num_clients"),
+        ("dirichlet_sampled", 10, {}, "alpha"),
+        ("dirichlet_sampled", 10, {"alpha": 0.5, "examples_per_client": 0}, "examples_per_client"),
+        ("dirichlet_sampled", 0, {"alpha": 0.5}, "num_clients"),
     ],
 )
 def test_partition_bad_options_name_the_option(name, n, options, option):
@@ -240,6 +243,23 @@ def test_partition_unknown_name_and_unknown_option_list_allowed():
     assert "alhpa" in str(e.value) and "min_size" in str(e.value) and "max_tries" in str(e.value)
     # hyphenated name accepted
     _assert_disjoint_cover(partition("power-law", labels, 5, seed=0, min_size=2), 100)
+
+
+def test_dirichlet_sampled_serves_more_clients_than_examples_with_the_label_skew_of_alpha():
+    labels = _balanced_labels(1000)  # 10 classes
+    parts = partition("dirichlet_sampled", labels, 5000, seed=3, alpha=0.1, examples_per_client=20)
+    assert len(parts) == 5000 and all(p.shape == (20,) for p in parts)
+    flat = np.concatenate(parts)
+    assert flat.min() >= 0 and flat.max() < labels.size
+    assert all(np.all(np.diff(p) >= 0) for p in parts)  # sorted
+    again = partition("dirichlet_sampled", labels, 5000, seed=3, alpha=0.1, examples_per_client=20)
+    assert all(np.array_equal(p, q) for p, q in zip(parts, again))
+
+    def top_class_share(ps):
+        return np.mean([np.bincount(labels[p], minlength=10).max() / p.size for p in ps])
+
+    iid_like = partition("dirichlet_sampled", labels, 5000, seed=3, alpha=1000.0, examples_per_client=20)
+    assert top_class_share(parts) > 0.6 > 0.35 > top_class_share(iid_like)  # Dir(0.1): about 2/3 from one class
 
 
 def test_partition_summary_and_plot(tmp_path):

@@ -212,10 +212,11 @@ def test_compiled_step_copies_no_per_client_buffer(task, protocol, options):
     assert not copies, copies
 
 
-@pytest.mark.parametrize("name", ["ace", "asynflc_ef"])  # an initialization round; client memory
+@pytest.mark.parametrize("name", ["ace", "aced", "asynflc_ef"])  # initialization rounds; client memory
 def test_initial_jobs_in_groups_equal_one_group(task, name, monkeypatch):
     """The initialization round and the initial jobs are scanned in groups of ``INIT_BATCH`` (padded at the end);
-    the group size changes nothing, also for algorithms with client memory (error feedback, AREA)."""
+    the group size changes nothing (up to float rounding: ACE's groups fill the cache one after the other and the
+    last one steps), also for algorithms with client memory (error feedback)."""
     from asyncfl_jax import engine
     from asyncfl_jax.algorithms import get_algorithm
 
@@ -225,6 +226,6 @@ def test_initial_jobs_in_groups_equal_one_group(task, name, monkeypatch):
     one = simulate(task, alg, sched, LOCAL, seeds=[0, 1], eval_every=5, progress=False)
     monkeypatch.setattr(engine, "INIT_BATCH", 5)  # 12 clients -> 3 groups, the last one padded with 3 empty rows
     grouped = simulate(task, alg, sched, LOCAL, seeds=[0, 1], eval_every=5, progress=False)
-    np.testing.assert_allclose(grouped.final_params, one.final_params, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(grouped.final_params, one.final_params, rtol=1e-5, atol=1e-6)
     for k in one.metrics:
-        np.testing.assert_allclose(grouped.metrics[k], one.metrics[k], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(grouped.metrics[k], one.metrics[k], rtol=1e-5, atol=1e-6)

@@ -15,6 +15,11 @@ An asynchronous FL algorithm is described by what each client sends and how the 
 * ``init_round``: when true, the run starts with an initialization round (ACE, ACED): every client computes its
   result at ``x0`` and the server applies one step with all ``n`` messages; the schedule then starts from the model
   that step produced (it is the schedule's ``x_0``).
+* ``init_round_in_groups``: the server may take the initialization round's ``n`` messages in groups (of
+  ``engine.INIT_BATCH``), one ``server`` call per group with ``hp["server_lr"] = 0`` for every group but the last,
+  because that gives the same state as one call with all ``n`` messages (true for the cache rules ACE, ACED and MIFA:
+  the groups fill the cache and the last call steps from the full cache). The engine then never holds the ``n``
+  messages at once, which is what lets n = 100,000 fit in memory.
 * ``local_hparams(state, hp) -> hp``: optional; the hyper-parameters that jobs dispatched now train with (AREA's
   decreasing step size reads the server's event counter). ``None`` uses ``hp`` unchanged.
 * ``job_steps(state, clients, hp) -> steps``: optional; the number of local steps (int32, one per client in
@@ -76,6 +81,7 @@ class Algorithm(NamedTuple):
     hyperparams: Mapping[str, float] = {}
     options: Mapping[str, Any] = {}
     init_round: bool = False
+    init_round_in_groups: bool = False
     local_hparams: Callable[[Any, HParams], HParams] | None = None
     job_steps: Callable[[Any, jax.Array, HParams], jax.Array] | None = None
     max_job_steps: int | None = None

@@ -114,6 +114,7 @@ def _memory_algorithm(name: str, direction: float, rule: str, cache: str, cache_
         hyperparams={"server_lr": server_lr},
         options={"rule": rule, "cache": cache, "cache_rounding": cache_rounding, "init_round": init_round},
         init_round=init_round,
+        init_round_in_groups=True,  # the groups fill the cache; the last one steps (server_lr 0 before)
     )
 
 
@@ -199,4 +200,5 @@ def aced(active: str = "since_report", cache: str = "float32", cache_rounding: s
         hyperparams={"server_lr": 0.1, "tau_algo": 10.0},
         options={"active": active, "cache": cache, "cache_rounding": cache_rounding, "init_round": init_round},
         init_round=init_round,
+        init_round_in_groups=True,  # the groups fill the cache; the last one steps (server_lr 0 before)
     )

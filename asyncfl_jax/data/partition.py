@@ -214,12 +214,55 @@ def power_law(
     return _finish(np.split(perm, np.cumsum(sizes)[:-1]))
 
 
+def dirichlet_sampled(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    examples_per_client: int = 32,
+    rng: np.random.Generator | int | None = None,
+) -> list[np.ndarray]:
+    """A Dirichlet label skew for any number of clients, even more clients than examples (e.g. n = 100,000 on
+    Fashion-MNIST's 60,000 images).
+
+    Client ``j`` draws its label mix ``p_j ~ Dir_C(alpha)``, its class counts ``c_j ~ Multinomial(m, p_j)`` with
+    ``m = examples_per_client``, and then ``c_jk`` examples of class ``k`` uniformly *with replacement*. So every
+    client holds exactly ``m`` examples, clients share examples, and a client may hold an example twice: the parts are
+    not disjoint, unlike the other partitioners. Smaller ``alpha`` gives more skewed label mixes.
+
+    Args:
+      labels: int [N] class labels.
+      num_clients: n, any positive number.
+      alpha: Dirichlet concentration over the classes, > 0.
+      examples_per_client: m, >= 1.
+      rng: generator or seed.
+    """
+    labels = _check_labels(labels)
+    num_clients = _check_int("num_clients", num_clients, 1)
+    alpha = _check_positive("alpha", alpha)
+    m = _check_int("examples_per_client", examples_per_client, 1)
+    rng = _rng(rng)
+    classes = np.unique(labels)
+    mix = rng.dirichlet(np.full(classes.size, alpha), size=num_clients)  # [n, C]
+    mix = np.where(np.isfinite(mix), mix, 0.0)
+    mix[mix.sum(axis=1) <= 0.0] = 1.0  # numerically all-zero draws (tiny alpha): uniform instead
+    counts = rng.multinomial(m, mix / mix.sum(axis=1, keepdims=True))  # [n, C], each row sums to m
+    owner, index = [], []
+    for k, label in enumerate(classes):
+        pool = np.flatnonzero(labels == label)
+        owner.append(np.repeat(np.arange(num_clients), counts[:, k]))
+        index.append(pool[rng.integers(0, pool.size, size=int(counts[:, k].sum()))])
+    owner, index = np.concatenate(owner), np.concatenate(index)
+    index = index[np.argsort(owner, kind="stable")]
+    return _finish(np.split(index, np.arange(1, num_clients) * m))
+
+
 _PARTITIONERS: dict[str, tuple[Callable[..., list[np.ndarray]], dict[str, Any]]] = {
     # name: (function, {option: default}); a default of ... marks a required option.
     "iid": (iid, {}),
     "dirichlet": (dirichlet, {"alpha": ..., "min_size": 10, "max_tries": 1000}),
     "shards": (shards, {"shards_per_client": 2}),
     "power_law": (power_law, {"exponent": 1.5, "min_size": 10}),
+    "dirichlet_sampled": (dirichlet_sampled, {"alpha": ..., "examples_per_client": 32}),
 }
 
 PARTITIONERS: tuple[str, ...] = tuple(_PARTITIONERS)
@@ -248,15 +291,18 @@ def partition(
     """Splits examples with labels ``labels`` among ``num_clients`` clients by the partitioner ``name``.
 
     Args:
-      name: one of ``"iid"``, ``"dirichlet"``, ``"shards"``, ``"power_law"`` (``"power-law"`` also accepted).
+      name: one of ``"iid"``, ``"dirichlet"``, ``"shards"``, ``"power_law"`` (``"power-law"`` also accepted),
+        ``"dirichlet_sampled"``.
       labels: int [N] class labels of the training split.
-      num_clients: number of clients, ``1 <= num_clients <= N``.
+      num_clients: number of clients, ``1 <= num_clients <= N`` (any number for ``dirichlet_sampled``).
       seed: an int seed or a ``np.random.Generator``.
       **options: the partitioner's options: dirichlet: ``alpha`` (required), ``min_size=10``, ``max_tries=1000``;
-        shards: ``shards_per_client=2``; power_law: ``exponent=1.5``, ``min_size=10``; iid: none.
+        shards: ``shards_per_client=2``; power_law: ``exponent=1.5``, ``min_size=10``; iid: none;
+        dirichlet_sampled: ``alpha`` (required), ``examples_per_client=32``.
 
     Returns:
-      One sorted int64 index array per client; disjoint, covering all ``N`` examples.
+      One sorted int64 index array per client; disjoint, covering all ``N`` examples (``dirichlet_sampled``: drawn
+      with replacement, ``examples_per_client`` each).
 
     Raises:
       ValueError: unknown ``name`` (lists the allowed names), an unknown option (names it and lists the allowed
