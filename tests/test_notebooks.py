@@ -36,7 +36,8 @@ def ensure_kernel(name: str = KERNEL) -> None:
 
 def test_there_are_notebooks():
     names = [os.path.basename(p) for p in NOTEBOOKS]
-    assert {"01_quickstart.ipynb", "02_heterogeneity_and_bias.ipynb", "03_your_own_algorithm.ipynb"} <= set(names)
+    assert {"01_quickstart.ipynb", "02_heterogeneity_and_bias.ipynb", "03_your_own_algorithm.ipynb", "04_sweeps.ipynb",
+            "05_compression_and_error_feedback.ipynb"} <= set(names)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
