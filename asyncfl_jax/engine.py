@@ -468,13 +468,31 @@ def build_program(
             buf = buf._replace(steps=buf.steps.at[row].set(steps))
         return carry._replace(deferred=buf)
 
-    def flush(carry: Carry, key: jax.Array, data: TaskArrays, rows: int) -> Carry:
-        """Trains the jobs of the first ``rows`` buffer rows in one vmapped call (``rows x D`` jobs, each from its
-        row's model) and empties the buffer; the messages go to the jobs' slots. ``rows`` is static: the smallest
-        bucket (:func:`flush_buckets`) that holds the rows filled so far, so a short window trains few jobs."""
-        full = carry.deferred
-        buf = jax.tree_util.tree_map(lambda a: a[:rows], full)
-        width = buf.clients.shape[1]
+    buckets = flush_buckets(lookahead)
+
+    def train_first_rows(x_jobs: jax.Array, clients: jax.Array, keys: jax.Array, hp_jobs, steps, train_data,
+                         rows: int, width: int) -> jax.Array:
+        """The local results of the jobs of the first ``rows`` buffer rows (``rows x D`` jobs, one vmapped call),
+        zero-padded to the whole buffer's ``L x D``."""
+        first = rows * width
+        head = jax.tree_util.tree_map(lambda a: a[:first], (x_jobs, clients, keys, hp_jobs, steps))
+        x_h, clients_h, keys_h, hp_h, steps_h = head
+        if algorithm.job_steps is None:
+            results = jax.vmap(local_fn, in_axes=(0, 0, 0, 0, None))(x_h, clients_h, keys_h, hp_h, train_data)
+        else:
+            results = jax.vmap(local_fn, in_axes=(0, 0, 0, 0, None, 0))(x_h, clients_h, keys_h, hp_h, train_data,
+                                                                       steps_h)
+        padding = x_jobs.shape[0] - first
+        return jnp.concatenate([results, jnp.zeros((padding, *results.shape[1:]), results.dtype)]) if padding \
+            else results
+
+    def flush(carry: Carry, s: StepArrays, key: jax.Array, data: TaskArrays) -> Carry:
+        """Trains the buffered jobs, each from its row's model, and empties the buffer; the messages go to the jobs'
+        slots. Only the rows filled so far (``0 .. plan.position``) are trained, rounded up to a bucket of
+        :func:`flush_buckets` (a ``lax.switch`` over static row counts), so a short window trains few jobs; the
+        cheap O(d) parts (client rule, slot writes) run over the whole buffer with the empty rows masked."""
+        buf = carry.deferred
+        rows, width = buf.clients.shape
         clients = buf.clients.reshape(-1)
         valid = clients >= 0
         clients = jnp.where(valid, clients, 0)
@@ -483,13 +501,13 @@ def build_program(
         keys = jax.vmap(lambda t, j: jax.random.fold_in(jax.random.fold_in(key, t + 1), j))(
             buf.step[row_of_job], jnp.tile(jnp.arange(width), rows))
         hp_jobs = jax.tree_util.tree_map(lambda v: v[row_of_job], buf.hp)
+        steps = buf.steps.reshape(-1) if algorithm.job_steps is not None else jnp.zeros_like(clients)
         if job_sharding is not None:
             clients = jax.lax.with_sharding_constraint(clients, job_sharding)
-        if algorithm.job_steps is None:
-            results = jax.vmap(local_fn, in_axes=(0, 0, 0, 0, None))(x_jobs, clients, keys, hp_jobs, data.train)
-        else:
-            results = jax.vmap(local_fn, in_axes=(0, 0, 0, 0, None, 0))(x_jobs, clients, keys, hp_jobs, data.train,
-                                                                       buf.steps.reshape(-1))
+        bucket = jnp.searchsorted(jnp.asarray(buckets), s.plan.position + 1)  # the first bucket >= filled rows
+        branches = [functools.partial(train_first_rows, rows=r, width=width) for r in buckets]
+        # Only the training is inside the switch: a switch whose branches write the carry would copy it.
+        results = jax.lax.switch(bucket, branches, x_jobs, clients, keys, hp_jobs, steps, data.train)
         if not jax.tree_util.tree_leaves(carry.clients):
             messages, _ = jax.vmap(algorithm.client, in_axes=(0, 0, None, 0))(x_jobs, results, carry.clients, hp_jobs)
             memory = carry.clients
@@ -498,22 +516,13 @@ def build_program(
                                                      per_job=True)
         slot_idx = jnp.where(valid, buf.slots.reshape(-1), num_slots)  # out of range -> dropped
         pending = jax.tree_util.tree_map(lambda p, m: p.at[slot_idx].set(m, mode="drop"), carry.pending, messages)
-        full = full._replace(clients=jnp.full_like(full.clients, -1))
-        return carry._replace(pending=pending, clients=memory, deferred=full)
-
-    buckets = flush_buckets(lookahead)
-
-    def flush_filled(carry: Carry, s: StepArrays, key: jax.Array, data: TaskArrays) -> Carry:
-        """At a flush step, trains the filled rows ``0 .. plan.position`` (rounded up to a bucket); else nothing.
-        The plan is shared by the replicas, so under the replica vmap this stays a real branch."""
-        bucket = jnp.searchsorted(jnp.asarray(buckets), s.plan.position + 1)  # first bucket >= filled rows
-        branches = [lambda c: c] + [functools.partial(flush, key=key, data=data, rows=r) for r in buckets]
-        return jax.lax.switch(jnp.where(s.plan.flush, bucket + 1, 0), branches, carry)
+        buf = buf._replace(clients=jnp.full_like(buf.clients, -1))
+        return carry._replace(pending=pending, clients=memory, deferred=buf)
 
     def step(carry: Carry, s: StepArrays, hp, key: jax.Array, data: TaskArrays) -> Carry:
         if lookahead > 1:  # 1. dispatch: record now, train with the buffer when the plan says so
             carry = defer(carry, s, hp)
-            carry = flush_filled(carry, s, key, data)
+            carry = jax.lax.cond(s.plan.flush, lambda c: flush(c, s, key, data), lambda c: c, carry)
         else:  # 1. dispatch: train now
             x_t = algorithm.params(carry.server)
             keys = job_keys(key, s.step + 1, s.dispatch_clients.shape[0])

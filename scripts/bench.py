@@ -556,8 +556,7 @@ def main(argv=None) -> int:
     p.add_argument("--skip-schedules", action="store_true", help="skip the schedule-sampling timings")
     p.add_argument("--real-init-max-n", type=int, default=None,
                    help="scaling part: run the engine's init (initial jobs, ACE's initialization round) up to this n "
-                        "and start larger runs from a zero state (default 1000; the init compiles for about a minute "
-                        "at n=10,000)")
+                        "and start larger runs from a zero state (default 1000; running the init trains 2n jobs)")
     p.add_argument("--one-device", action="store_true",
                    help="keep JAX's single CPU device (default: one device per core, jobs of a step spread over them)")
     args = p.parse_args(argv)
@@ -674,16 +673,27 @@ def main(argv=None) -> int:
     log(f"total wall time {res['total_seconds']:.0f} s ("
         + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()) + ")")
     plot_path = args.plot or (os.path.splitext(args.out)[0] + ".png" if args.out else None)
+    if args.out:  # the numbers first (atomically), so that a failing plot loses nothing
+        write_json(res, args.out)
+        log(f"wrote {args.out}")
     if plot_path:
         res["plot"] = bench_scale.plot(res, plot_path)
         if res["plot"]:
             log(f"wrote {res['plot']}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=2, default=float)
-        log(f"wrote {args.out}")
+            if args.out:
+                write_json(res, args.out)
     return 0
 
+
+
+def write_json(res: dict[str, Any], path: str) -> None:
+    """Writes ``res`` to ``path`` atomically (a temporary file in the same folder, then a rename)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(res, f, indent=2, default=float)
+    os.replace(tmp, path)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,11 +15,11 @@ is here:
   default experiment's compile time), and :func:`plot` (``bench.png``).
 
 Zero-state runs. The engine's ``init`` trains the initial jobs (n of them under "all_active") and ACE's
-initialization round (n more) in groups of ``INIT_BATCH`` that the traced program unrolls, so for large n its
-compilation dominates (measured: ACE n = 10,000 lowers in 12 s and compiles in 52 s). Where a part only needs the
-steady-state step (scaling beyond ``real_init_max_n``, the replica sweep of ACE) it starts the chunk from a zero
-state of the same shapes instead: a step does the same work whatever the values (the cache row write, the gradient
-job and the server update have no value-dependent control flow), so the time per event is the same.
+initialization round (n more); it scans over groups of ``INIT_BATCH`` jobs, so it compiles once whatever n, but
+running it trains 2n jobs. Where a part only needs the steady-state step (scaling beyond ``real_init_max_n``, the
+replica sweep of ACE) it starts the chunk from a zero state of the same shapes instead, to keep the benchmark short:
+a step does the same work whatever the values (the cache row write, the gradient job and the server update have no
+value-dependent control flow), so the time per event is the same.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import gc
 import math
+import os
 import time
 from typing import Any
 
@@ -40,9 +41,9 @@ from asyncfl_jax.algorithms.base import ServerMeta
 from asyncfl_jax.client import LocalConfig, local_flops_per_job, make_local_update
 from asyncfl_jax.data import partition
 from asyncfl_jax.data.client_data import Dataset
-from asyncfl_jax.engine import (INIT_ROUND_STREAM, SERVER_STREAM, LookaheadPlan, build_program, job_sharding,
-                                lookahead_plan, lookahead_windows, make_replicas, memory_budget, replica_shardings,
-                                schedule_arrays, stack_hparams)
+from asyncfl_jax.engine import (INIT_ROUND_STREAM, SERVER_STREAM, LookaheadPlan, build_program, flush_buckets,
+                                job_sharding, lookahead_plan, lookahead_windows, make_replicas, memory_budget,
+                                replica_shardings, schedule_arrays, stack_hparams)
 from asyncfl_jax.models.core import make_model
 from asyncfl_jax.task import make_task, task_arrays
 from asyncfl_jax.timing import DelayModel, make_schedule
@@ -287,7 +288,10 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, 
     jobs = int((schedule.dispatch_clients[steps.start:steps.stop] >= 0).sum())
     if lookahead > 1:
         flush_timed = np.asarray(flush)[steps.start:steps.stop]
-        computed_jobs = int(flush_timed.sum()) * lookahead * schedule.dispatch_width  # a flush trains L x D jobs
+        filled = np.asarray(position)[steps.start:steps.stop][flush_timed] + 1
+        buckets = np.asarray(flush_buckets(lookahead))
+        trained_rows = buckets[np.searchsorted(buckets, filled)]  # a flush trains its filled rows, rounded up
+        computed_jobs = int(trained_rows.sum()) * schedule.dispatch_width
         windows = window_summary(flush, lookahead, schedule.dispatch_width)
         windows["plan_seconds"] = plan_seconds
     else:
@@ -898,6 +902,10 @@ def plot(res: dict[str, Any], path: str) -> str | None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".tmp-{os.path.basename(path)}")
+    fig.savefig(tmp, dpi=110, format="png")  # then renamed: a reader never sees half a picture
+    os.replace(tmp, path)
     plt.close(fig)
     return path
