@@ -310,9 +310,9 @@ def build_program(
     step over devices; everything else stays replicated. Results equal the unsharded program up to float rounding.
 
     ``lookahead = L > 1`` turns on lookahead batching: a step's dispatched jobs are not trained at once but recorded
-    (with the model they start from) in a buffer of ``L`` rows, and the buffer is trained in one vmapped call of
-    ``L x D`` jobs at the steps the schedule's :class:`LookaheadPlan` marks (before any buffered job is needed, or when
-    the buffer is full). The steps' ``plan`` must then be given (:func:`lookahead_plan`).
+    (with the model they start from) in a buffer of ``L`` rows, and the filled rows are trained in one vmapped call
+    at the steps the schedule's :class:`LookaheadPlan` marks (before any buffered job is needed, or when the buffer is
+    full). The steps' ``plan`` must then be given (:func:`lookahead_plan`).
     """
     n = task.num_clients
     local_fn = local_update(task, algorithm, local)
@@ -676,8 +676,9 @@ def simulate(
         number of replicas must be a multiple of the number of devices. Results equal the single-device run up to
         float rounding (tested with 4 host devices). Not combinable with ``shard_jobs``.
       lookahead: lookahead batching (``L > 1``, pre-sampled schedules only): the jobs dispatched over up to ``L``
-        server steps are trained together in one vmapped call of ``L x D`` jobs, when the schedule shows that none
-        of them is needed before (see :func:`lookahead_plan`); ``History.lookahead`` reports the window lengths
+        server steps are trained together in one vmapped call (of the filled rows' jobs, rounded up to a power of
+        two rows), when the schedule shows that none of them is needed before (see :func:`lookahead_plan`);
+        ``History.lookahead`` reports the window lengths
         achieved. The same results as ``L = 1`` up to float rounding (a batched matmul may sum in another order).
       checkpoint_dir: a folder for checkpoints (:mod:`asyncfl_jax.checkpoint`): the scan state is saved there every
         ``checkpoint_every`` chunks (of ``eval_every`` steps), after the last chunk, and when Ctrl-C (SIGINT) or
