@@ -30,7 +30,10 @@ def ensure_kernel(name: str = KERNEL) -> None:
         return
     from ipykernel.kernelspec import install
 
-    install(user=True, kernel_name=name)
+    try:
+        install(user=True, kernel_name=name)
+    except OSError:  # another test worker may be installing it at the same moment
+        pass
     assert name in KernelSpecManager().find_kernel_specs(), f"could not install the {name!r} kernelspec"
 
 
