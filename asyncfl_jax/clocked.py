@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from asyncfl_jax.algorithms.base import Algorithm, ServerMeta
 from asyncfl_jax.client import LocalConfig
-from asyncfl_jax.engine import SERVER_STREAM, Program, build_program, with_evaluation
+from asyncfl_jax.engine import SERVER_STREAM, Program, build_program, keep_if_diverged, with_evaluation
 from asyncfl_jax.task import Task, TaskArrays
 from asyncfl_jax.timing.clock import ClockTables
 
@@ -278,11 +278,8 @@ def build_clocked_program(task: Task, algorithm: Algorithm, local: LocalConfig, 
 
     def frozen_advance(carry: ClockedCarry, part: ClockChunk, hp, key: jax.Array, data: TaskArrays):
         """``advance``, except that a replica that diverged earlier keeps its state (its records say client -1)."""
-        frozen = carry.diverged_at >= 0
         new, trace = advance(carry, part, hp, key, data)
-        new = jax.tree_util.tree_map(lambda old, updated: jnp.where(frozen, old, updated), carry, new)
-        trace = {**trace, "client": jnp.where(frozen, -1, trace["client"])}
-        return new, trace
+        return keep_if_diverged(carry, new), {**trace, "client": jnp.where(carry.diverged_at >= 0, -1, trace["client"])}
 
     return with_evaluation(Program(init=init, advance=advance, frozen_advance=frozen_advance,
                                    evaluate=base.evaluate), algorithm)

@@ -549,14 +549,18 @@ def build_program(
     def frozen_advance(carry: Carry, steps: StepArrays, hp, key: jax.Array, data: TaskArrays):
         """``advance``, except that a replica that diverged in an earlier chunk keeps its state unchanged. It keeps the
         old state beside the new one (one copy of the state per chunk), so it is only used once a replica diverged."""
-        frozen = carry.diverged_at >= 0
-        new = advance(carry, steps, hp, key, data)
-        return jax.tree_util.tree_map(lambda old, updated: jnp.where(frozen, old, updated), carry, new), {}
+        return keep_if_diverged(carry, advance(carry, steps, hp, key, data)), {}
 
     return with_evaluation(Program(init=init, advance=advance_chunk, frozen_advance=frozen_advance, evaluate=evaluate,
                                    train=train, initialization_round=initialization_round, job_hparams=job_hparams),
                            algorithm)
 
+
+def keep_if_diverged(old: Any, new: Any) -> Any:
+    """``new``, or ``old`` unchanged for a replica that had already diverged (``old.diverged_at >= 0``): how a
+    diverged replica is frozen while the others go on."""
+    frozen = old.diverged_at >= 0
+    return jax.tree_util.tree_map(lambda o, n: jnp.where(frozen, o, n), old, new)
 
 def flush_buckets(lookahead: int) -> tuple[int, ...]:
     """The buffer sizes a lookahead flush is compiled for: powers of two below ``L``, and ``L``."""
