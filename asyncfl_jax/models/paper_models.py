@@ -1,4 +1,4 @@
-"""The papers' models as Flax modules, as described in the paper digests (``papers/digests/`` in the shared folder).
+"""The papers' models as Flax modules, as described in the papers and their digests.
 
 Every module here is a pure function of its parameters: no BatchNorm, no dropout, no mutable collections, so
 ``module.init`` returns only ``{"params": ...}`` and ``module.apply(params, x)`` needs no ``rngs`` and no
