@@ -225,6 +225,15 @@ def write_atomic(path: str, data: str | bytes) -> None:
         f.write(data.encode() if isinstance(data, str) else data)
 
 
+
+def save_figure(fig: Any, path: str, dpi: int = 120) -> None:
+    """Saves a matplotlib figure as PNG at ``path`` atomically (:func:`atomic_file`) and closes it."""
+    import matplotlib.pyplot as plt
+
+    with atomic_file(path) as f:
+        fig.savefig(f, format="png", dpi=dpi)
+    plt.close(fig)
+
 def metrics_csv(histories: Sequence[History]) -> str:
     """All histories' rows as CSV text (columns: the union of every history's columns, in first-seen order)."""
     rows = [row for h in histories for row in h.rows()]

@@ -28,7 +28,6 @@ import dataclasses
 import functools
 import gc
 import math
-import os
 import time
 from typing import Any
 
@@ -45,6 +44,7 @@ from asyncfl_jax.engine import (INIT_ROUND_STREAM, SERVER_STREAM, LookaheadPlan,
                                 job_sharding, lookahead_plan, lookahead_windows, make_replicas, memory_budget,
                                 replica_shardings, schedule_arrays, stack_hparams)
 from asyncfl_jax.models.core import make_model
+from asyncfl_jax.results import save_figure
 from asyncfl_jax.task import make_task, task_arrays
 from asyncfl_jax.timing import DelayModel, make_schedule
 
@@ -902,10 +902,5 @@ def plot(res: dict[str, Any], path: str) -> str | None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".tmp-{os.path.basename(path)}")
-    fig.savefig(tmp, dpi=110, format="png")  # then renamed: a reader never sees half a picture
-    os.replace(tmp, path)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path

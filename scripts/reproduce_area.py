@@ -89,6 +89,7 @@ from typing import Any
 
 import numpy as np
 
+from asyncfl_jax.results import save_figure
 from asyncfl_jax.timing import DelayModel, client_speeds, concurrent, synchronous
 
 # ------------------------------------------------------------------------------------------------ the paper's data
@@ -688,15 +689,6 @@ def format_tables(rows: list[dict], args: argparse.Namespace, seconds: float) ->
 
 
 # ------------------------------------------------------------------------------------------------ figures
-def save_figure(fig, path: str) -> None:
-    import matplotlib.pyplot as plt
-
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)
-    plt.close(fig)
-
-
 def plot(records: list[dict], rows: list[dict], args: argparse.Namespace) -> list[str]:
     import matplotlib
 

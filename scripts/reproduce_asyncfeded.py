@@ -88,7 +88,7 @@ from asyncfl_jax.data import synthetic_leaf
 from asyncfl_jax.engine import simulate
 from asyncfl_jax.models.core import make_model
 from asyncfl_jax.presets import get_preset
-from asyncfl_jax.results import write_atomic
+from asyncfl_jax.results import save_figure, write_atomic
 from asyncfl_jax.task import make_task
 from asyncfl_jax.timing import DelayModel, all_active, job_durations_table, suspension_table, synchronous
 from asyncfl_jax.timing.clock import EventClock
@@ -483,15 +483,6 @@ def mean_curve(recs: list[dict], grid: np.ndarray) -> np.ndarray:
         times, acc = np.asarray(r["times"]), np.asarray(r["accuracy"])
         curves.append(acc[np.clip(np.searchsorted(times, grid, side="right") - 1, 0, len(acc) - 1)])
     return np.mean(curves, axis=0)
-
-
-def save_figure(fig, path: str) -> None:
-    import matplotlib.pyplot as plt
-
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)
-    plt.close(fig)
 
 
 def plot(records: list[dict], rows: list[dict], args: argparse.Namespace) -> list[str]:

@@ -912,12 +912,9 @@ def style_of(name: str, index: int):
 
 
 def save_figure(fig, path: str) -> None:
-    import matplotlib.pyplot as plt
+    from asyncfl_jax.results import save_figure as save_png
 
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
-    plt.close(fig)
+    save_png(fig, path, dpi=110)
 
 
 def figure_groups(result: dict) -> list[tuple[str, list[str]]]:

@@ -99,7 +99,7 @@ from asyncfl_jax.data import (DatasetNotFoundError, find_idx_dir, find_tfds_dir,
                               partition, synthetic_leaf)
 from asyncfl_jax.engine import simulate
 from asyncfl_jax.models.core import make_model
-from asyncfl_jax.results import write_atomic
+from asyncfl_jax.results import save_figure, write_atomic
 from asyncfl_jax.task import make_task
 from asyncfl_jax.timing import DelayModel, make_schedule, schedule_summary
 
@@ -832,15 +832,6 @@ def mean_curve(recs: list[dict], axis: str = "rounds") -> tuple[np.ndarray, np.n
 
 STYLE = {"asyncfl": ("C0", "--"), "ca2fl": ("C3", "-"), "mf8": ("C1", "-"), "mf4": ("C2", "-"), "mf2": ("C4", "-"),
          "fedbuff_immediate": ("C7", ":"), "fedasync_constant": ("C5", "-."), "fedasync_polynomial": ("C8", "-.")}
-
-
-def save_figure(fig, path: str) -> None:
-    import matplotlib.pyplot as plt
-
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)
-    plt.close(fig)
 
 
 def plot(records: list[dict], rows: list[dict], args: argparse.Namespace) -> list[str]:
