@@ -331,15 +331,22 @@ def build_program(
             clients = jax.lax.with_sharding_constraint(clients, job_sharding)
             keys = jax.lax.with_sharding_constraint(keys, job_sharding)
         hp = job_hparams(carry.server, hp) if job_hp is None else job_hp
-        if algorithm.job_steps is None:
-            results = jax.vmap(local_fn, in_axes=(None, 0, 0, None, None))(x, clients, keys, hp, data.train)
-        else:  # a number of local steps per job, set by the server (AsyncFedED)
-            steps = algorithm.job_steps(carry.server, clients, hp) if steps is None else steps
-            results = jax.vmap(local_fn, in_axes=(None, 0, 0, None, None, 0))(x, clients, keys, hp, data.train, steps)
+        if algorithm.job_steps is not None and steps is None:  # local steps per job, set by the server (AsyncFedED)
+            steps = algorithm.job_steps(carry.server, clients, hp)
+        results = local_results(x, clients, keys, hp, data.train, steps, per_job=False)
         if not jax.tree_util.tree_leaves(carry.clients):  # no client memory: every job is independent
             messages, _ = jax.vmap(algorithm.client, in_axes=(None, 0, None, None))(x, results, carry.clients, hp)
             return messages, carry.clients
         return client_steps_in_order(x, clients, valid, results, carry.clients, hp)
+
+    def local_results(x: jax.Array, clients: jax.Array, keys: jax.Array, hp, train_data, steps, per_job: bool):
+        """The jobs' local-training results in one vmapped call. ``x`` and ``hp`` are shared by the jobs, or with
+        ``per_job`` have a leading job axis (lookahead: jobs of several steps); ``steps`` (one per job) is read only
+        when the algorithm sets ``job_steps``."""
+        shared = 0 if per_job else None
+        if algorithm.job_steps is None:
+            return jax.vmap(local_fn, in_axes=(shared, 0, 0, shared, None))(x, clients, keys, hp, train_data)
+        return jax.vmap(local_fn, in_axes=(shared, 0, 0, shared, None, 0))(x, clients, keys, hp, train_data, steps)
 
     def client_steps_in_order(x: jax.Array, clients: jax.Array, valid: jax.Array, results: jax.Array, memory: Any,
                               hp, per_job: bool = False):
@@ -370,9 +377,10 @@ def build_program(
         pending = jax.tree_util.tree_map(lambda p, m: p.at[slot_idx].set(m, mode="drop"), carry.pending, messages)
         return carry._replace(pending=pending, clients=memory)
 
-    def job_keys(key: jax.Array, step_plus_one: jax.Array, width: int) -> jax.Array:
+    def job_keys(key: jax.Array, step_plus_one: jax.Array, jobs: jax.Array) -> jax.Array:
+        """``fold_in(fold_in(key, t + 1), j)`` for the jobs ``j`` of a dispatch row (row 0: the initial jobs)."""
         base = jax.random.fold_in(key, step_plus_one)
-        return jax.vmap(lambda j: jax.random.fold_in(base, j))(jnp.arange(width))
+        return jax.vmap(lambda j: jax.random.fold_in(base, j))(jobs)
 
     def server_key(key: jax.Array, step_plus_one: jax.Array) -> jax.Array:
         return jax.random.fold_in(jax.random.fold_in(key, step_plus_one), SERVER_STREAM)
@@ -437,7 +445,7 @@ def build_program(
 
         def group(c, job):  # initial jobs, all from x_0, in bounded groups
             index, clients, slots = job
-            keys = jax.vmap(lambda j: jax.random.fold_in(jax.random.fold_in(key, 0), j))(index)  # = job_keys(key, 0, .)
+            keys = job_keys(key, jnp.int32(0), index)
             return run_jobs(x0, clients, slots, keys, c, hp, data), None
 
         jobs = (jnp.arange(d0, dtype=jnp.int32), sched.init_clients, sched.init_slots)
@@ -477,11 +485,7 @@ def build_program(
         first = rows * width
         head = jax.tree_util.tree_map(lambda a: a[:first], (x_jobs, clients, keys, hp_jobs, steps))
         x_h, clients_h, keys_h, hp_h, steps_h = head
-        if algorithm.job_steps is None:
-            results = jax.vmap(local_fn, in_axes=(0, 0, 0, 0, None))(x_h, clients_h, keys_h, hp_h, train_data)
-        else:
-            results = jax.vmap(local_fn, in_axes=(0, 0, 0, 0, None, 0))(x_h, clients_h, keys_h, hp_h, train_data,
-                                                                       steps_h)
+        results = local_results(x_h, clients_h, keys_h, hp_h, train_data, steps_h, per_job=True)
         padding = x_jobs.shape[0] - first
         return jnp.concatenate([results, jnp.zeros((padding, *results.shape[1:]), results.dtype)]) if padding \
             else results
@@ -525,7 +529,7 @@ def build_program(
             carry = jax.lax.cond(s.plan.flush, lambda c: flush(c, s, key, data), lambda c: c, carry)
         else:  # 1. dispatch: train now
             x_t = algorithm.params(carry.server)
-            keys = job_keys(key, s.step + 1, s.dispatch_clients.shape[0])
+            keys = job_keys(key, s.step + 1, jnp.arange(s.dispatch_clients.shape[0]))
             carry = run_jobs(x_t, s.dispatch_clients, s.dispatch_slots, keys, carry, hp, data)
         mask = s.arrival_clients >= 0
         read = jnp.where(mask, s.arrival_slots, 0)
