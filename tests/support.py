@@ -1,7 +1,12 @@
-"""Helpers shared by the test modules: a small deterministic FL problem, schedule padding and a job replay."""
+"""Helpers shared by the test modules: a small deterministic FL problem, schedule padding, a job replay, and loading
+and running the scripts."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
+import types
 from typing import Mapping
 
 import jax.numpy as jnp
@@ -75,3 +80,27 @@ def replay_jobs(s: Schedule) -> list[dict]:
                 assert job["client"] == c and job["version"] == s.arrival_versions[t, j]
                 job["step"], job["arrival"] = t, float(s.arrival_times[t, j])
     return jobs
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_script(name: str) -> types.ModuleType:
+    """Imports ``scripts/<name>.py`` as module ``name`` (registered in ``sys.modules``, which dataclasses defined in
+    the script need while their class is built)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def script_env(fast_compile: bool = True, **extra: str) -> dict[str, str]:
+    """The environment of a script run in a subprocess: the repository on ``PYTHONPATH``, JAX on the CPU unless set,
+    and (``fast_compile``) XLA's backend optimizations off, which cuts the compile time of the tiny runs."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+               JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"), **extra)
+    if fast_compile:
+        flags = [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]
+        env["XLA_FLAGS"] = " ".join(filter(None, flags))
+    return env

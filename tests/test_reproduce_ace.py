@@ -3,7 +3,6 @@ step-size rules of both scales, the claim checks) and a tiny end-to-end run of t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -15,17 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import ROOT, load_script, script_env
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("reproduce_ace", os.path.join(ROOT, "scripts", "reproduce_ace.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ace = _load()
+ace = load_script("reproduce_ace")
 
 
 # ------------------------------------------------------------------------------------------------ budget, step sizes
@@ -194,9 +185,7 @@ def test_a_program_over_the_memory_budget_runs_in_halves(monkeypatch, capsys):
 
 # ------------------------------------------------------------------------------------------------ end to end
 def _env():
-    flags = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]))
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-                JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"), XLA_FLAGS=flags)
+    return script_env()
 
 
 @pytest.mark.slow

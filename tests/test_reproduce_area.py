@@ -1,7 +1,6 @@
 """scripts/reproduce_area.py: the paper's tables, the Poisson event model, the horizon cut, the metrics, and a tiny
 end-to-end run."""
 
-import importlib.util
 import json
 import math
 import os
@@ -11,23 +10,18 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import ROOT, load_script, script_env
+
 SCRIPT = os.path.join(ROOT, "scripts", "reproduce_area.py")
 
 
 @pytest.fixture(scope="module")
 def area():
-    spec = importlib.util.spec_from_file_location("reproduce_area", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("reproduce_area")
 
 
 def _env():
-    # XLA's backend optimizations are off in the child to cut the compile time (one program per method).
-    flags = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]))
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-                JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"), XLA_FLAGS=flags)
+    return script_env()  # XLA's backend optimizations off in the child: less compile time (one program per method)
 
 
 # ------------------------------------------------------------------------------------------------ the paper's tables

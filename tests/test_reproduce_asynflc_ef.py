@@ -3,7 +3,6 @@ reference ratios, the paper-scale plan and the missing-data error, and a tiny en
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,23 +14,14 @@ import pytest
 from asyncfl_jax.algorithms.compression import message_bits
 from asyncfl_jax.timing import DelayModel, job_durations_table, schedule_summary
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import ROOT, load_script, script_env
+
 SCRIPT = os.path.join(ROOT, "scripts", "reproduce_asynflc_ef.py")
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("reproduce_asynflc_ef", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-R = _load()
+R = load_script("reproduce_asynflc_ef")
 
 
 def _env(**extra):
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-                JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"), **extra)
+    return script_env(fast_compile=False, **extra)
 
 
 def test_window_schedule_follows_the_digest_event_model():

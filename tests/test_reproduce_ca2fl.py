@@ -4,7 +4,6 @@ end to end (so the script never rots)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,20 +12,14 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import ROOT, load_script, script_env
+
 SCRIPT = os.path.join(ROOT, "scripts", "reproduce_ca2fl.py")
 
 
 @pytest.fixture(scope="module")
 def repro():
-    spec = importlib.util.spec_from_file_location("reproduce_ca2fl", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while the class is built
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
+    return load_script("reproduce_ca2fl")
 
 
 def test_scales_and_argument_checks(repro, capsys):
@@ -137,9 +130,7 @@ def sys_args(args: argparse.Namespace) -> list[str]:
 @pytest.mark.slow
 def test_quick_run_writes_every_output(tmp_path):
     """A small run end to end in a subprocess (Synthetic(1,1), 20 rounds, one seed, a short ablation)."""
-    flags = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-               JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"), XLA_FLAGS=flags)
+    env = script_env()
     out = tmp_path / "ca2fl"
     proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--dataset", "synthetic", "--rounds", "20",
                            "--methods", "asyncfl", "ca2fl", "mf2", "fedasync_polynomial",

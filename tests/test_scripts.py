@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from support import ROOT, load_script, script_env
 
 
 def test_bias_correction_demo_runs_and_writes_its_table(tmp_path, capsys):
-    demo = _load("demo_bias_correction")
+    demo = load_script("demo_bias_correction")
     out = tmp_path / "demo"
     code = demo.main(["--dataset", "synthetic", "--clients", "10", "--uploads", "60", "--seeds", "0",
                       "--spreads", "0", "1.5", "--out", str(out)])
@@ -37,10 +29,7 @@ def test_compression_demo_runs_in_a_subprocess_and_tables_every_method(tmp_path)
 
     out = tmp_path / "compression"
     # The fastest mode, shrunk further: 10 clients, 100 uploads, one local step, on the embedded synthetic data.
-    # XLA's backend optimizations are off in the child to halve the compile time (5 methods, one program each).
-    flags = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-               JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"), XLA_FLAGS=flags)
+    env = script_env()  # XLA's backend optimizations off: half the compile time (5 methods, one program each)
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "demo_compression.py"), "--quick",
                            "--dataset", "synthetic", "--clients", "10", "--uploads", "100", "--local-steps", "1",
                            "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
@@ -62,8 +51,7 @@ def test_reproduce_asyncfeded_quick_writes_outputs_and_tables_every_method(tmp_p
     import sys
 
     script = os.path.join(ROOT, "scripts", "reproduce_asyncfeded.py")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-               JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+    env = script_env(fast_compile=False)
     # The paper's other tasks are not in the project: a clear error, before anything runs.
     proc = subprocess.run([sys.executable, script, "--task", "femnist", "--out", str(tmp_path / "none")], env=env,
                           capture_output=True, text=True, timeout=120)
@@ -96,10 +84,7 @@ def test_bench_scale_parts_run_in_the_smallest_mode_and_write_their_json(tmp_pat
     import sys
 
     out = tmp_path / "bench.json"
-    # XLA's backend optimizations are off in the child to halve the compile time; one CPU device (no sharding).
-    flags = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-               JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"), XLA_FLAGS=flags)
+    env = script_env()  # XLA's backend optimizations off: half the compile time; one CPU device (no sharding)
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "--smoke", "--one-device",
                            "--parts", "ace,ca2fl,scaling,replicas,compile", "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=300)
