@@ -110,6 +110,7 @@ def run_identity(
     carry_shape: Any,
     shard_jobs: bool,
     shard_replicas: bool = False,
+    shard_clients: bool = False,
 ) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: everything that determines the run's result.
 
@@ -131,6 +132,7 @@ def run_identity(
         "carry": tree_signature(carry_shape),
         "shard_jobs": bool(shard_jobs),
         "shard_replicas": bool(shard_replicas),
+        "shard_clients": bool(shard_clients),
     })
 
 

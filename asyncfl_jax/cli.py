@@ -110,6 +110,9 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shard-replicas", action="store_true",
                    help="spread the replicas (seeds x swept hyper-parameters) over all JAX devices; their number "
                         "must be a multiple of the device count")
+    g.add_argument("--shard-clients", action="store_true",
+                   help="spread the per-client state (n x d caches, error-feedback residuals) over all JAX devices "
+                        "along the client axis; the number of clients must be a multiple of the device count")
 
     sub.add_parser("algorithms", help="list the algorithms with their options and hyper-parameters")
     sub.add_parser("presets", help="list the papers' selected settings usable with `asyncfl run --preset`")
@@ -158,6 +161,8 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         raw["shard_jobs"] = True
     if args.shard_replicas:
         raw["shard_replicas"] = True
+    if args.shard_clients:
+        raw["shard_clients"] = True
     if args.speed is not None:
         raw["delays"] = {"speed": args.speed, **{k: v for k, v in raw["delays"].items() if not k.startswith("speed")}}
     if args.noise is not None:
@@ -232,7 +237,8 @@ def _print_algorithms() -> None:
 _CONFIG_OPTIONS = ("config", "set", "dataset", "data_dir", "num_clients", "partition", "dirichlet_alpha", "model",
                    "local_steps", "batch_size", "lr", "algorithm", "option", "staleness", "normalization", "hparam",
                    "protocol", "concurrency", "buffer_size", "refill", "participants", "steps", "arrivals", "speed",
-                   "noise", "seeds", "eval_every", "shard_jobs", "shard_replicas", "preset", "lookahead")
+                   "noise", "seeds", "eval_every", "shard_jobs", "shard_replicas", "shard_clients", "preset",
+                   "lookahead")
 
 
 def _resumed_config(args: argparse.Namespace) -> ExperimentConfig:

@@ -175,6 +175,7 @@ def default_runs() -> list[RunConfig]:
 class ExperimentConfig:
     """A whole experiment. ``eval_points``: number of evaluations per run (``eval_every`` overrides it, in steps).
     ``shard_jobs``: spread each step's jobs over all JAX devices; ``shard_replicas``: spread the replicas over them;
+    ``shard_clients``: spread the per-client state (caches, residuals) over them along the client axis;
     ``lookahead``: lookahead batching window ``L`` (1: off; see :func:`asyncfl_jax.engine.simulate`)."""
 
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -189,6 +190,7 @@ class ExperimentConfig:
     eval_every: int | None = None
     shard_jobs: bool = False
     shard_replicas: bool = False
+    shard_clients: bool = False
     lookahead: int = 1
     output: str = "runs/default"
 
@@ -416,9 +418,14 @@ def validate(cfg: ExperimentConfig) -> None:
         _fail("shard_jobs", cfg.shard_jobs, "must be true or false")
     if not isinstance(cfg.shard_replicas, bool):
         _fail("shard_replicas", cfg.shard_replicas, "must be true or false")
+    if not isinstance(cfg.shard_clients, bool):
+        _fail("shard_clients", cfg.shard_clients, "must be true or false")
     _check_int("lookahead", cfg.lookahead, 1, "must be an integer >= 1 (1: no lookahead batching)")
     if cfg.shard_jobs and cfg.shard_replicas:
         _fail("shard_replicas", cfg.shard_replicas, "cannot be combined with shard_jobs: choose one axis to spread")
+    if cfg.shard_clients and (cfg.shard_jobs or cfg.shard_replicas):
+        _fail("shard_clients", cfg.shard_clients,
+              "cannot be combined with shard_jobs or shard_replicas: choose one axis to spread")
     if cfg.eval_every is not None:
         _check_int("eval_every", cfg.eval_every, 1)
     if not cfg.runs:

@@ -659,6 +659,7 @@ def simulate(
     label: str | None = None,
     shard_jobs: bool = False,
     shard_replicas: bool = False,
+    shard_clients: bool = False,
     lookahead: int = 1,
     checkpoint_dir: str | None = None,
     checkpoint_every: int = 1,
@@ -683,6 +684,12 @@ def simulate(
         ``jax.sharding.Mesh`` axis): each device runs its share of the vmapped replicas; the data is replicated. The
         number of replicas must be a multiple of the number of devices. Results equal the single-device run up to
         float rounding (tested with 4 host devices). Not combinable with ``shard_jobs``.
+      shard_clients: spread the per-client state (the n x d caches of CA2FL, ACE, MIFA..., error-feedback residuals,
+        client memories; every leaf with a leading client axis) over all devices along its client axis; the model,
+        the jobs in flight and the data are replicated. Each device then holds ``n / devices`` clients' rows, which
+        is what lets a cache larger than one accelerator's memory run on several (see :func:`client_shardings`).
+        ``n`` must be a multiple of the number of devices. Results equal the single-device run up to float rounding.
+        Not combinable with ``shard_jobs`` or ``shard_replicas``.
       lookahead: lookahead batching (``L > 1``, pre-sampled schedules only): the jobs dispatched over up to ``L``
         server steps are trained together in one vmapped call (of the filled rows' jobs, rounded up to a power of
         two rows), when the schedule shows that none of them is needed before (see :func:`lookahead_plan`);
@@ -705,6 +712,10 @@ def simulate(
     if isinstance(lookahead, bool) or not isinstance(lookahead, (int, np.integer)) or lookahead < 1:
         raise ValueError(f"lookahead must be an integer >= 1 (1: off), got {lookahead!r}")
     lookahead = int(lookahead)
+    spread = [name for name, on in (("shard_jobs", shard_jobs), ("shard_replicas", shard_replicas),
+                                     ("shard_clients", shard_clients)) if on]
+    if len(spread) > 1:
+        raise ValueError(f"{' and '.join(spread)} cannot be combined: choose one axis to spread over the devices")
     if lookahead > 1 and shard_jobs:
         raise ValueError("lookahead > 1 cannot be combined with shard_jobs (the buffered jobs are not placed over the "
                          "devices); use one of them, or shard_replicas")
@@ -764,10 +775,20 @@ def simulate(
     keys = jnp.stack([jax.random.PRNGKey(r.seed) for r in replicas])
 
     data = task_arrays(task)
+    init_vmapped = jax.vmap(program.init, in_axes=(sched_axis, 0, 0, None))
+    carry_shape = jax.eval_shape(init_vmapped, sched, hp, keys, data)
+    # Where each carry leaf lives: None (one device), or a sharding per leaf (its shards' sizes give the budget).
+    carry_placement, init_placed, chunk_placed = None, {}, {}
+    if shard_clients:  # the per-client leaves over the devices, everything else replicated
+        server_flags, client_flags = per_client_leaves(algorithm, task.model.flat_params, task.num_clients)
+        carry_placement, everywhere = client_shardings(carry_shape, server_flags, client_flags, task.num_clients)
+        hp, keys, data, sched = jax.device_put((hp, keys, data, sched), everywhere)
+        init_placed, chunk_placed = {"out_shardings": carry_placement}, {"out_shardings": (carry_placement, everywhere)}
     if shard_replicas:  # the replica axis over the devices, everything else replicated
-        if shard_jobs:
-            raise ValueError("shard_jobs and shard_replicas cannot be combined: choose one axis to spread")
         over, everywhere = replica_shardings(len(replicas))
+        carry_placement = jax.tree_util.tree_map(lambda _: over, carry_shape)
+        # With shard_replicas every output (carry, per-step records) keeps its replica axis spread over the devices.
+        init_placed = chunk_placed = {"out_shardings": over}
         hp, keys, data = jax.device_put(hp, over), jax.device_put(keys, over), jax.device_put(data, everywhere)
         if clocks is None and lookahead > 1:  # the plan is shared by the replicas: on every device
             plan = sched.steps.plan
@@ -775,16 +796,15 @@ def simulate(
             sched = sched._replace(steps=sched.steps._replace(plan=jax.device_put(plan, everywhere)))
         else:
             sched = jax.device_put(sched, everywhere if shared else over)
-    budget = memory_budget(program, sched, hp, keys, data, sched_axis)
+    budget = memory_budget(program, sched, hp, keys, data, sched_axis, placement=carry_placement)
     if progress:
         print(f"{name}: {budget.describe()}", file=sys.stderr, flush=True)
     budget.check()
-    # With shard_replicas every output (carry, per-step records) keeps its replica axis spread over the devices.
-    placed = {"out_shardings": over} if shard_replicas else {}
-    init_fn = jax.jit(jax.vmap(program.init, in_axes=(sched_axis, 0, 0, None)), **placed)
-    chunk_fn = jax.jit(jax.vmap(program.advance, in_axes=(0, chunk_axis, 0, 0, None)), donate_argnums=(0,), **placed)
+    init_fn = jax.jit(init_vmapped, **init_placed)
+    chunk_fn = jax.jit(jax.vmap(program.advance, in_axes=(0, chunk_axis, 0, 0, None)), donate_argnums=(0,),
+                       **chunk_placed)
     frozen_chunk_fn = jax.jit(jax.vmap(program.frozen_advance, in_axes=(0, chunk_axis, 0, 0, None)),
-                              donate_argnums=(0,), **placed)
+                              donate_argnums=(0,), **chunk_placed)
 
     @jax.jit
     def eval_fn(server: Any, data: TaskArrays) -> dict[str, jax.Array]:
@@ -796,12 +816,11 @@ def simulate(
     num_chunks = -(-T // eval_every)
     identity, state = None, None
     if checkpoint_dir is not None:
-        carry_shape = jax.eval_shape(init_fn, sched, hp, keys, data)
         timing = sched if clocks is None else (sched, _clock_descriptions(clocks))
         identity = checkpoint.run_identity(
             label=name, algorithm=algorithm, local=local, replicas=replicas, schedules=timing, num_slots=num_slots,
             num_steps=T, eval_every=eval_every, task=task, data=data, carry_shape=carry_shape, shard_jobs=shard_jobs,
-            shard_replicas=shard_replicas,
+            shard_replicas=shard_replicas, shard_clients=shard_clients,
         )
         if resume:
             state = checkpoint.load(checkpoint_dir, identity, carry_shape)
@@ -816,7 +835,7 @@ def simulate(
             stopped_early=False, compile_seconds=time.perf_counter() - t0, run_seconds=0.0, carry=carry,
         )
     else:  # the same device placement as a fresh run's carry, so the chunks compile to the same programs
-        sharded = shard_jobs or shard_replicas
+        sharded = shard_jobs or shard_replicas or shard_clients
         shardings = init_fn.lower(sched, hp, keys, data).compile().output_shardings if sharded else None
         state.carry = jax.device_put(state.carry, shardings)
         state.compile_seconds += time.perf_counter() - t0
@@ -950,7 +969,11 @@ class MemoryBudget:
       pending: messages of the jobs in flight (``num_slots`` per replica).
       data: the task's arrays (training set, evaluation sets), shared by the replicas.
       replicas: number of replicas.
-      available: bytes the device can hold (physical memory on a CPU, the allocator limit on a GPU), or None.
+      available: bytes one device can hold (physical memory on a CPU, the allocator limit on a GPU), or None.
+      devices: number of devices the state is placed on (``shard_replicas``, ``shard_clients``), 1 otherwise.
+      device_state: bytes of the state the most loaded device holds (its shards and the replicated leaves);
+        ``None``: all of it (one device).
+      shared_memory: the devices share one memory (host devices of a CPU), so ``available`` holds all of them.
     """
 
     server: int
@@ -959,6 +982,9 @@ class MemoryBudget:
     data: int
     replicas: int
     available: int | None
+    devices: int = 1
+    device_state: int | None = None
+    shared_memory: bool = False
 
     @property
     def state(self) -> int:
@@ -968,26 +994,43 @@ class MemoryBudget:
     def total(self) -> int:
         return self.state + self.data
 
+    @property
+    def per_device(self) -> int:
+        """Bytes one device holds: its share of the state and a copy of the data."""
+        return (self.state if self.device_state is None else self.device_state) + self.data
+
     def describe(self) -> str:
         room = f" of {_gib(self.available)} available" if self.available else ""
-        return (f"memory budget {_gib(self.total)}{room}: state {_gib(self.state)} for {self.replicas} replica(s) "
+        text = (f"memory budget {_gib(self.total)}{room}: state {_gib(self.state)} for {self.replicas} replica(s) "
                 f"(server {_gib(self.server)}, clients {_gib(self.clients)}, in-flight messages "
                 f"{_gib(self.pending)}), data {_gib(self.data)}")
+        if self.devices > 1:
+            text += f"; over {self.devices} devices: {_gib(self.per_device)} per device (state share and data)"
+        return text
 
     def check(self, fraction: float = 0.9) -> None:
-        """Raises ``MemoryError`` (before compiling) when the state cannot fit the device."""
+        """Raises ``MemoryError`` (before compiling) when the state cannot fit the device(s)."""
         # The scan carry is double-buffered while a chunk runs: the state is counted twice.
-        needed = 2 * self.state + self.data
+        state = self.state if self.device_state is None else self.device_state
+        needed = 2 * state + self.data
+        where = "the device has"
+        if self.devices > 1:
+            where = f"each of the {self.devices} devices has"
+            if self.shared_memory:  # host devices of one CPU: all their shares in one memory
+                needed, where = self.devices * needed, f"the {self.devices} devices share"
         if self.available and needed > fraction * self.available:
             raise MemoryError(
-                f"this run needs about {_gib(needed)} (twice the simulation state of {_gib(self.state)}, plus "
-                f"{_gib(self.data)} of data) but the device has {_gib(self.available)}: use fewer replicas or "
-                "clients, or a smaller per-client cache (an algorithm option cache='bfloat16' or 'int8')"
+                f"this run needs about {_gib(needed)} (twice the simulation state of {_gib(state)}"
+                f"{' per device' if self.devices > 1 else ''}, plus {_gib(self.data)} of data"
+                f"{' on each device' if self.devices > 1 else ''}) but {where} {_gib(self.available)}: use fewer "
+                "replicas or clients, a smaller per-client cache (an algorithm option cache='bfloat16' or 'int8'), "
+                "or spread the per-client state over several accelerators (shard_clients)"
             )
 
     def as_dict(self) -> dict[str, Any]:
         return {"server_bytes": self.server, "clients_bytes": self.clients, "pending_bytes": self.pending,
-                "data_bytes": self.data, "replicas": self.replicas, "available_bytes": self.available}
+                "data_bytes": self.data, "replicas": self.replicas, "available_bytes": self.available,
+                "devices": self.devices, "device_state_bytes": self.device_state}
 
 
 def _gib(nbytes: int | None) -> str:
@@ -1021,14 +1064,31 @@ def device_memory_bytes(device: Any = None) -> int | None:
 
 
 def memory_budget(program: Program, sched: ScheduleArrays, hp: Mapping[str, jax.Array], keys: jax.Array,
-                  data: TaskArrays, sched_axis: int | None) -> MemoryBudget:
-    """The :class:`MemoryBudget` of running ``program`` for the replicas of ``hp``/``keys`` (shapes only)."""
+                  data: TaskArrays, sched_axis: int | None, placement: Any = None) -> MemoryBudget:
+    """The :class:`MemoryBudget` of running ``program`` for the replicas of ``hp``/``keys`` (shapes only).
+
+    ``placement``: the carry's shardings (a pytree of ``jax.sharding.Sharding`` matching the carry) when it is spread
+    over several devices; each leaf then counts its largest shard on the device that holds it.
+    """
     carry = jax.eval_shape(jax.vmap(program.init, in_axes=(sched_axis, 0, 0, None)), sched, hp, keys, data)
-    return MemoryBudget(server=_tree_bytes(carry.server), clients=_tree_bytes(carry.clients),
-                        # jobs in flight: their messages, or under the event clock their start models and times
-                        pending=_tree_bytes(carry.clock if hasattr(carry, "clock") else carry.pending),
-                        data=_tree_bytes(data), replicas=int(keys.shape[0]),
-                        available=device_memory_bytes())
+    states = (carry.server, carry.clients,
+              # jobs in flight: their messages, or under the event clock their start models and times
+              carry.clock if hasattr(carry, "clock") else carry.pending)
+    devices, device_state, shared = 1, None, False
+    if placement is not None:
+        places = (placement.server, placement.clients, placement.clock if hasattr(carry, "clock") else placement.pending)
+        device_state = sum(_tree_bytes(jax.tree_util.tree_map(_one_shard, tree, where)) for tree, where in
+                           zip(states, places))
+        devices = len(jax.tree_util.tree_leaves(placement)[0].device_set)
+        shared = jax.devices()[0].platform == "cpu"
+    return MemoryBudget(server=_tree_bytes(states[0]), clients=_tree_bytes(states[1]), pending=_tree_bytes(states[2]),
+                        data=_tree_bytes(data), replicas=int(keys.shape[0]), available=device_memory_bytes(),
+                        devices=devices, device_state=device_state, shared_memory=shared)
+
+
+def _one_shard(leaf: jax.ShapeDtypeStruct, sharding: Any) -> jax.ShapeDtypeStruct:
+    """The shape of the largest shard of ``leaf`` under ``sharding``."""
+    return jax.ShapeDtypeStruct(sharding.shard_shape(leaf.shape), leaf.dtype)
 
 
 def _schedules_per_replica(
@@ -1144,6 +1204,56 @@ def replica_shardings(num_replicas: int) -> tuple[Any, Any]:
                          f"multiple of the {len(devices)} devices, got {num_replicas}")
     mesh = Mesh(np.array(devices), ("replicas",))
     return NamedSharding(mesh, PartitionSpec("replicas")), NamedSharding(mesh, PartitionSpec())
+
+
+def per_client_leaves(algorithm: Algorithm, x0: Any, num_clients: int) -> tuple[Any, Any]:
+    """Which leaves of the server state and of the client state have a leading client axis (two pytrees of bools).
+
+    A leaf is per-client when its leading dimension follows ``num_clients``: it is found by building both states
+    (shapes only) for ``num_clients`` and ``num_clients + 1`` clients, so no algorithm has to declare it.
+    """
+    x0 = jax.ShapeDtypeStruct(np.shape(x0), x0.dtype)
+
+    def flags(init: Callable[[jax.Array, int], Any]) -> Any:
+        a = jax.eval_shape(lambda x: init(x, num_clients), x0)
+        b = jax.eval_shape(lambda x: init(x, num_clients + 1), x0)
+        return jax.tree_util.tree_map(lambda u, v: u.shape[:1] != v.shape[:1], a, b)
+
+    return flags(algorithm.init), flags(algorithm.init_clients)
+
+
+def client_shardings(carry_shape: Any, server_flags: Any, client_flags: Any, num_clients: int) -> tuple[Any, Any]:
+    """(carry sharding, replicated sharding) that spread the per-client state over every device.
+
+    The leaves flagged by :func:`per_client_leaves` (shape ``[replicas, n, ...]`` in the vmapped carry) are split along
+    their client axis, and so are the messages of the jobs in flight (``[replicas, slots, ...]``; as many slots as
+    clients when every client is active, as in ACE) when the number of slots is a multiple of the number of devices.
+    Everything else (the model, the data) is replicated. A server step then reads and writes each arriving client's
+    row on the device that holds it (XLA partitions the gather and the scatter: a masked local gather and an
+    all-reduce of the rows read, O(M d) per step), so no device ever holds all ``n`` rows. Raises ``ValueError`` when
+    ``num_clients`` is not a multiple of the number of devices.
+    """
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    devices = jax.devices()
+    if num_clients % len(devices):
+        raise ValueError(f"shard_clients needs a number of clients that is a multiple of the {len(devices)} devices, "
+                         f"got {num_clients}")
+    mesh = Mesh(np.array(devices), ("clients",))
+    spread, everywhere = NamedSharding(mesh, PartitionSpec(None, "clients")), NamedSharding(mesh, PartitionSpec())
+
+    def by_flag(per_client: bool) -> Any:
+        return spread if per_client else everywhere
+
+    def by_slots(leaf: jax.ShapeDtypeStruct) -> Any:
+        return spread if leaf.ndim >= 2 and leaf.shape[1] % len(devices) == 0 else everywhere
+
+    placed = jax.tree_util.tree_map(lambda _: everywhere, carry_shape)
+    placed = placed._replace(server=jax.tree_util.tree_map(by_flag, server_flags),
+                             clients=jax.tree_util.tree_map(by_flag, client_flags))
+    if isinstance(carry_shape, Carry):  # (the event clock keeps its jobs' start models in its own state)
+        placed = placed._replace(pending=jax.tree_util.tree_map(by_slots, carry_shape.pending))
+    return placed, everywhere
 
 
 def job_sharding() -> Any:

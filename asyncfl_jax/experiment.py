@@ -166,6 +166,7 @@ def run_experiment(
         label=run.name,
         shard_jobs=cfg.shard_jobs,
         shard_replicas=cfg.shard_replicas,
+        shard_clients=cfg.shard_clients,
         lookahead=1 if run.protocol.name == "event_clock" else cfg.lookahead,  # the clock trains at arrival anyway
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,

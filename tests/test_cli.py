@@ -41,6 +41,9 @@ def _error(capsys, *argv) -> str:
         (["--algorithm", "ace", "--option", "cache=int9"], "cache must be one of"),
         (["--algorithm", "ace", "--option", "rule"], "expected NAME=VALUE"),
         (["--algorithm", "aced", "--hparam", "tau_algo=-1"], "runs[0].hparams.tau_algo = -1.0: must be in [0, inf)"),
+        (["--shard-clients", "--shard-replicas"], "shard_clients = True: cannot be combined with shard_jobs or "
+                                                  "shard_replicas"),
+        (["--set", "shard_clients=1"], "shard_clients = 1: must be true or false"),
     ],
 )
 def test_bad_options_are_rejected_with_a_clear_message(capsys, argv, expected):
