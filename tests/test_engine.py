@@ -186,18 +186,20 @@ def test_history_rows_and_results_files(task, schedule, tmp_path):
     assert not any(f.startswith(".tmp") for f in os.listdir(tmp_path / "out"))  # atomic writes left no temp files
 
 
+@pytest.mark.parametrize("name", ["ca2fl", "area"])  # a server cache; a client memory
 @pytest.mark.parametrize("protocol,options", [("all_active", {}),
                                               ("concurrent", {"concurrency": 6, "buffer_size": 3,
                                                               "refill": "boundary"})])
-def test_compiled_step_copies_no_per_client_buffer(task, protocol, options):
-    """The pending buffer and CA2FL's n x d cache are updated in place: no copy of an [R, n, d] array per step."""
+def test_compiled_step_copies_no_per_client_buffer(task, name, protocol, options):
+    """The pending buffer, CA2FL's n x d cache and AREA's n x d client memory are updated in place: no copy of an
+    [R, n, d] array per step (the schedule is shared by the replicas, so the client indices are not batched)."""
     import re
 
-    from asyncfl_jax import ca2fl
+    from asyncfl_jax.algorithms import get_algorithm
     from asyncfl_jax.engine import build_program, stack_hparams
 
     schedule = make_schedule(protocol, N, 10, DELAYS, seed=0, **options)
-    algorithm = ca2fl()
+    algorithm = get_algorithm(name)
     program = build_program(task, algorithm, LOCAL, schedule.num_slots)
     hp = stack_hparams(make_replicas(algorithm, [0]))
     keys = jnp.stack([jax.random.PRNGKey(0)])
