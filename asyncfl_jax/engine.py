@@ -688,9 +688,10 @@ def simulate(
         number of replicas must be a multiple of the number of devices. Results equal the single-device run up to
         float rounding (tested with 4 host devices). Not combinable with ``shard_jobs``.
       shard_clients: spread the per-client state (the n x d caches of CA2FL, ACE, MIFA..., error-feedback residuals,
-        client memories; every leaf with a leading client axis) over all devices along its client axis; the model,
-        the jobs in flight and the data are replicated. Each device then holds ``n / devices`` clients' rows, which
-        is what lets a cache larger than one accelerator's memory run on several (see :func:`client_shardings`).
+        client memories; every leaf with a leading client axis) over all devices along its client axis, and the
+        messages of the jobs in flight along their slot axis when it splits evenly; the model and the data are
+        replicated. Each device then holds ``n / devices`` clients' rows, which is what lets a cache larger than one
+        accelerator's memory run on several (see :func:`client_shardings`).
         ``n`` must be a multiple of the number of devices. Results equal the single-device run up to float rounding.
         Not combinable with ``shard_jobs`` or ``shard_replicas``.
       lookahead: lookahead batching (``L > 1``, pre-sampled schedules only): the jobs dispatched over up to ``L``

@@ -95,6 +95,13 @@ CLIENTS_SCRIPT = textwrap.dedent(
         # ACE's n x d cache and n in-flight messages are split 4 ways; CA2FL's 10 slots do not split over 4 devices
         share = 0.5 if schedule is all_active else 0.9
         assert m["devices"] == 4 and m["device_state_bytes"] < share * state, (name, m)
+    # under the in-scan event clock (AsyncFedED's per-client step sizes)
+    from asyncfl_jax.timing.clock import EventClock
+    clocks = [EventClock(n, 16, DelayModel(suspension_prob=0.2), seed=s) for s in (0, 1)]
+    one = simulate(task, A.asyncfeded(initial_steps=2, max_steps=4), clocks, **kw)
+    spread = simulate(task, A.asyncfeded(initial_steps=2, max_steps=4), clocks, shard_clients=True, **kw)
+    np.testing.assert_allclose(spread.final_params, one.final_params, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(spread.job_steps, one.job_steps)
     print("clients sharded == single device")
 
     # The compiled server steps keep the cache spread: the gathers and scatters of arriving rows are partitioned
