@@ -258,8 +258,8 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, 
     chunk_c = chunk_fn.lower(carry, parts[0], hp, keys, data).compile()
     compile_chunk = time.perf_counter() - t0
     # With jobs sharded and lookahead on, the chunk returns the buffer's client/slot rows sharded over the devices
-    # while it was compiled for init's replicated ones (simulate(shard_jobs=True, lookahead>1) stops at its second
-    # chunk on this mismatch); putting the carry where the compiled chunk expects it is a no-op otherwise.
+    # while it was compiled for init's replicated ones (why simulate refuses shard_jobs with lookahead > 1); putting
+    # the carry where the compiled chunk expects it is a no-op otherwise.
     carry_sharding = chunk_c.input_shardings[0][0]
 
     # Chunk 0: warm-up (and the model after chunk_len steps, to check the baseline against).
