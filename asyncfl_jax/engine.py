@@ -800,7 +800,8 @@ def simulate(
             sched = sched._replace(steps=sched.steps._replace(plan=jax.device_put(plan, everywhere)))
         else:
             sched = jax.device_put(sched, everywhere if shared else over)
-    budget = memory_budget(program, sched, hp, keys, data, sched_axis, placement=carry_placement)
+    budget = memory_budget(program, sched, hp, keys, data, sched_axis, placement=carry_placement,
+                           carry_shape=carry_shape)
     if progress:
         print(f"{name}: {budget.describe()}", file=sys.stderr, flush=True)
     budget.check()
@@ -999,9 +1000,14 @@ class MemoryBudget:
         return self.state + self.data
 
     @property
+    def state_per_device(self) -> int:
+        """Bytes of the state on the most loaded device (all of it on one device)."""
+        return self.state if self.device_state is None else self.device_state
+
+    @property
     def per_device(self) -> int:
         """Bytes one device holds: its share of the state and a copy of the data."""
-        return (self.state if self.device_state is None else self.device_state) + self.data
+        return self.state_per_device + self.data
 
     def describe(self) -> str:
         room = f" of {_gib(self.available)} available" if self.available else ""
@@ -1015,7 +1021,7 @@ class MemoryBudget:
     def check(self, fraction: float = 0.9) -> None:
         """Raises ``MemoryError`` (before compiling) when the state cannot fit the device(s)."""
         # The scan carry is double-buffered while a chunk runs: the state is counted twice.
-        state = self.state if self.device_state is None else self.device_state
+        state = self.state_per_device
         needed = 2 * state + self.data
         where = "the device has"
         if self.devices > 1:
@@ -1068,13 +1074,16 @@ def device_memory_bytes(device: Any = None) -> int | None:
 
 
 def memory_budget(program: Program, sched: ScheduleArrays, hp: Mapping[str, jax.Array], keys: jax.Array,
-                  data: TaskArrays, sched_axis: int | None, placement: Any = None) -> MemoryBudget:
+                  data: TaskArrays, sched_axis: int | None, placement: Any = None,
+                  carry_shape: Any = None) -> MemoryBudget:
     """The :class:`MemoryBudget` of running ``program`` for the replicas of ``hp``/``keys`` (shapes only).
 
     ``placement``: the carry's shardings (a pytree of ``jax.sharding.Sharding`` matching the carry) when it is spread
-    over several devices; each leaf then counts its largest shard on the device that holds it.
+    over several devices; each leaf then counts its largest shard on the device that holds it. ``carry_shape``: the
+    vmapped ``init``'s output shapes when the caller has them already (else they are traced here).
     """
-    carry = jax.eval_shape(jax.vmap(program.init, in_axes=(sched_axis, 0, 0, None)), sched, hp, keys, data)
+    carry = carry_shape if carry_shape is not None else jax.eval_shape(
+        jax.vmap(program.init, in_axes=(sched_axis, 0, 0, None)), sched, hp, keys, data)
     states = (carry.server, carry.clients,
               # jobs in flight: their messages, or under the event clock their start models and times
               carry.clock if hasattr(carry, "clock") else carry.pending)
