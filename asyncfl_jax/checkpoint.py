@@ -2,21 +2,35 @@
 
 A checkpoint folder (one per run, e.g. ``<out>/checkpoints/<run>/``) holds
 
-* ``state-<chunk>.npz``: the scan carry (every leaf of :class:`~asyncfl_jax.engine.Carry`, with its replica axis,
-  stored as raw bytes so that any dtype, bfloat16 and int8 caches included, comes back bit for bit), the evaluation
-  steps so far and the metrics of every evaluation so far;
-* ``checkpoint.json``: the record that makes a state file current: the run's identity (see :func:`run_identity`), the
-  index of the next chunk and server step, the replicas whose divergence was already reported, the early-stop flag,
-  the compile and run seconds so far, the name of the state file and its SHA-256.
+* ``state-<chunk>/``: an `orbax <https://orbax.readthedocs.io>`_ checkpoint (tensorstore, OCDBT, uncompressed) of
+  every leaf of the scan carry (:class:`~asyncfl_jax.engine.Carry`, replica axis included; any dtype, bfloat16 and
+  int8 caches included, comes back bit for bit), the evaluation steps so far, the metrics of every evaluation so far
+  and the in-scan clock's per-step records. The carry's leaves are handed to orbax as they are: a ``jax.Array``
+  sharded over several devices (``shard_clients``, ``shard_replicas``), or over the devices of several hosts, is
+  written shard by shard, each process writing its own, and :func:`load` can read it straight into given shardings;
+* ``checkpoint.json``: the record that makes a state folder current: the format, the run's identity (see
+  :func:`run_identity`), the state folder's name, the SHA-256 of each of its files, the shape and dtype of each
+  stored array, the index of the next chunk and server step, the replicas whose divergence was already reported, the
+  early-stop flag and the compile and run seconds so far.
 
-Both are written through a temporary file in the same folder, flushed with ``fsync`` and renamed with
-``os.replace``; the JSON record is replaced only after its state file is complete, and older state files are deleted
-only after that, so a process killed at any instant leaves the previous checkpoint or the new one, never a mix.
+Atomicity: orbax writes the state into ``state-<chunk>.orbax-checkpoint-tmp`` and, once every process has written
+its shards, renames it to ``state-<chunk>`` (process 0, after writing ``commit_success.txt``). Then process 0 reads
+the finalized folder back to hash it, flushing each file and folder to disk (``fsync``; orbax does not), and only
+then replaces the record (temporary file, ``fsync``, ``os.replace``), so the record never points to an unfinished
+or unsynced state. Superseded, orphaned (finalized but never recorded) and temporary state folders are deleted after
+that, and by the next :func:`save` or :func:`load`. A process killed at any instant therefore leaves the previous
+checkpoint or the new one, never a mix. A state whose files do not match the record's SHA-256 is refused with
+:class:`CheckpointError`, as is anything orbax cannot read. Saving the chunk of the current state again writes
+``state-<chunk>-1`` (and the other name the time after), never over the state the record points to.
 
 The carry's tree structure is never stored (no pickle): it is rebuilt from the program with ``jax.eval_shape``.
 Randomness needs no state: the key of a job is ``fold_in(fold_in(PRNGKey(seed), t + 1), j)`` and the server's is
 ``fold_in(fold_in(PRNGKey(seed), t + 1), SERVER_STREAM)``, pure functions of the seed and of the step ``t`` read from
 the schedule, so restoring the carry and the chunk index restores the random streams.
+
+orbax is imported only when a checkpoint is written or read (importing it takes about a second), so that
+``import asyncfl_jax`` and the command line start fast. Format 1 (``state-<chunk>.npz``) is refused with a
+:class:`CheckpointError` that says so.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ import glob
 import hashlib
 import json
 import os
+import shutil
 import signal
 import threading
 from typing import Any, Iterator, Mapping, Sequence
@@ -34,10 +49,14 @@ from typing import Any, Iterator, Mapping, Sequence
 import jax
 import numpy as np
 
-from asyncfl_jax.results import atomic_file, write_atomic
+from asyncfl_jax.results import write_atomic
 
-FORMAT = 1
+FORMAT = 2  # 1: the carry as raw bytes in state-<chunk>.npz; 2: an orbax folder state-<chunk>/
 RECORD = "checkpoint.json"
+STATE_PREFIX = "state-"  # every entry of a checkpoint folder named so belongs to the checkpoint
+RECORD_KEYS = ("identity", "state_dir", "state_files", "arrays", "next_chunk", "next_step", "num_chunks", "complete",
+               "stopped_early", "reported", "metric_names", "trace_names", "carry_leaves", "compile_seconds",
+               "run_seconds")
 
 
 class CheckpointError(ValueError):
@@ -163,38 +182,152 @@ class LoopState:
     traces: dict[str, list[np.ndarray]] = dataclasses.field(default_factory=dict)  # name -> [R, steps] per chunk
 
 
-def _as_bytes(leaf: Any) -> np.ndarray:
-    a = np.ascontiguousarray(np.asarray(leaf))
-    return a.reshape(-1).view(np.uint8)
+def _is_primary() -> bool:
+    """Whether this process writes the record and deletes files (process 0; every process of a multi-host run calls
+    :func:`save` and :func:`load`, and orbax has each one write or read its own shards)."""
+    return jax.process_index() == 0
 
 
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+def _sync_processes(name: str) -> None:
+    """A barrier across the processes of a multi-host run (nothing to wait for with one process)."""
+    if jax.process_count() > 1:
+        from orbax.checkpoint import multihost
+
+        multihost.sync_global_processes(f"asyncfl_jax.checkpoint:{name}")
+
+
+def _checkpointer() -> Any:
+    """A synchronous orbax checkpointer of array trees: ``save`` returns once the step folder is finalized (written
+    to ``<name>.orbax-checkpoint-tmp`` and renamed to ``<name>`` by process 0 after every process wrote its shards).
+    OCDBT (a few data files per process) and no compression: the arrays are stored as they are."""
+    import orbax.checkpoint as ocp
+
+    return ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_compression=False))
+
+
+def _state_arrays(state: LoopState) -> tuple[dict[str, Any], dict[str, list[Any]], int]:
+    """The arrays of ``state`` under flat orbax keys (the carry's leaves as they are, device arrays and their
+    shardings included), the layout of every key (``[shape, dtype]``, what the record keeps) and the number of carry
+    leaves. Zero-size arrays (which orbax refuses) are left out of the arrays: their layout is enough to rebuild them.
+    """
+    arrays: dict[str, Any] = {}
+    leaves = jax.tree_util.tree_leaves(state.carry)
+    for i, leaf in enumerate(leaves):
+        arrays[f"c{i:04d}"] = leaf if isinstance(leaf, (jax.Array, np.ndarray)) else np.asarray(leaf)
+    arrays["eval_steps"] = np.asarray(state.eval_steps, np.int64)
+    for i, rows in enumerate(state.metrics.values()):
+        arrays[f"m{i:03d}"] = np.stack([np.asarray(r) for r in rows])
+    for i, parts in enumerate(state.traces.values()):  # the in-scan clock's per-step records (steps on axis 1)
+        arrays[f"t{i:03d}"] = np.concatenate([np.asarray(p) for p in parts], axis=1)
+    layout = {key: [list(a.shape), str(np.dtype(a.dtype))] for key, a in arrays.items()}
+    return {k: a for k, a in arrays.items() if a.size > 0}, layout, len(leaves)
+
+
+def _state_name(chunk: int, current: str | None) -> str:
+    """The folder of the state after ``chunk`` chunks: ``state-<chunk>``, or ``state-<chunk>-1`` when the current
+    checkpoint is ``state-<chunk>`` (saving the same chunk again must not touch the state the record points to)."""
+    name = f"{STATE_PREFIX}{chunk:06d}"
+    return f"{name}-1" if name == current else name
+
+
+def _current_state(directory: str) -> str | None:
+    """The state folder that the record of ``directory`` points to (None without a readable record)."""
+    try:
+        record = read_record(directory)
+    except CheckpointError:
+        return None
+    return None if record is None else record.get("state_dir")
+
+
+def _remove_stale(directory: str, keep: str | None) -> None:
+    """Deletes, on process 0, every state folder or file of ``directory`` but ``keep``: orbax's temporary folders
+    left by a killed or failed write (``state-*.orbax-checkpoint-tmp``), finalized folders that no record points to,
+    states superseded by a newer record, ``.npz`` states of the previous format and temporary record files."""
+    if not _is_primary():
+        return
+    for path in glob.glob(os.path.join(directory, STATE_PREFIX + "*")) + glob.glob(
+            os.path.join(directory, ".tmp-*" + RECORD)):
+        if os.path.basename(path) == keep:
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+
+def _fsync(path: str) -> None:
+    with contextlib.suppress(OSError):  # e.g. a platform where folders cannot be opened
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _file_hashes(folder: str, sync: bool = False) -> dict[str, str]:
+    """SHA-256 of every file under ``folder`` (by path relative to it, ``/``-separated). With ``sync`` each file and
+    folder is also flushed to disk (orbax renames without ``fsync``), so that the record written next never points
+    to a state that a power cut could lose."""
+    hashes = {}
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 22), b""):
+                    h.update(block)
+                if sync:
+                    os.fsync(f.fileno())
+            hashes[os.path.relpath(path, folder).replace(os.sep, "/")] = h.hexdigest()
+        if sync:
+            _fsync(root)
+    return hashes
+
+
+def _write_state(path: str, arrays: Mapping[str, Any]) -> None:
+    """Writes ``arrays`` as the orbax checkpoint folder ``path`` (on every process); on an error the temporary folder
+    is removed and :class:`CheckpointError` says why (e.g. a full disk)."""
+    checkpointer = _checkpointer()
+    try:
+        import orbax.checkpoint as ocp
+
+        checkpointer.save(path, args=ocp.args.PyTreeSave(dict(arrays)))
+    except Exception as e:  # orbax and tensorstore raise many types (OSError, ValueError, RuntimeError...)
+        _remove_stale(os.path.dirname(path), keep=_current_state(os.path.dirname(path)))
+        raise CheckpointError(f"the checkpoint state {path} could not be written ({type(e).__name__}: {e}); the "
+                              f"previous checkpoint, if any, is kept") from e
+    finally:
+        checkpointer.close()
 
 
 def save(directory: str, identity: Mapping[str, Any], state: LoopState, num_chunks: int) -> str:
-    """Writes ``state`` as the current checkpoint of ``directory`` (atomically); returns the record's path."""
-    os.makedirs(directory, exist_ok=True)
-    leaves = jax.tree_util.tree_leaves(jax.device_get(state.carry))
-    arrays = {f"carry_{i:04d}": _as_bytes(leaf) for i, leaf in enumerate(leaves)}
-    arrays["eval_steps"] = np.asarray(state.eval_steps, np.int64)
-    for name, rows in state.metrics.items():
-        arrays[f"metric_{name}"] = np.stack([np.asarray(r) for r in rows])
-    for name, parts in state.traces.items():  # the in-scan clock's per-step records (steps on axis 1)
-        arrays[f"trace_{name}"] = np.concatenate([np.asarray(p) for p in parts], axis=1)
-    state_name = f"state-{state.next_chunk:06d}.npz"
+    """Writes ``state`` as the current checkpoint of ``directory`` (atomically); returns the record's path.
+
+    Every process of a multi-host run must call it (each writes the shards of the carry it holds); process 0 then
+    checks the state's files into the record and deletes the superseded states.
+    """
+    directory = os.path.abspath(directory)
+    path = os.path.join(directory, RECORD)
+    _sync_processes("save")  # every process reads the same record (process 0 wrote the last one)
+    current = _current_state(directory)
+    state_name = _state_name(state.next_chunk, current)
+    if _is_primary():
+        os.makedirs(directory, exist_ok=True)
+        _remove_stale(directory, keep=current)  # the destination too, when no record names it
+    arrays, layout, carry_leaves = _state_arrays(state)
     state_path = os.path.join(directory, state_name)
-    with atomic_file(state_path) as f:
-        np.savez(f, **arrays)
+    _write_state(state_path, arrays)
+    if not _is_primary():
+        return path
+    _fsync(directory)  # the rename of the finalized folder
     record = {
         "format": FORMAT,
         "identity": dict(identity),
-        "state_file": state_name,
-        "state_sha256": _sha256_file(state_path),
+        "state_dir": state_name,
+        "state_files": _file_hashes(state_path, sync=True),
+        "arrays": layout,
         "next_chunk": int(state.next_chunk),
         "next_step": int(state.eval_steps[-1]),
         "num_chunks": int(num_chunks),
@@ -203,16 +336,12 @@ def save(directory: str, identity: Mapping[str, Any], state: LoopState, num_chun
         "reported": sorted(int(r) for r in state.reported),
         "metric_names": list(state.metrics),
         "trace_names": list(state.traces),
-        "carry_leaves": len(leaves),
+        "carry_leaves": carry_leaves,
         "compile_seconds": float(state.compile_seconds),
         "run_seconds": float(state.run_seconds),
     }
-    path = os.path.join(directory, RECORD)
     write_atomic(path, json.dumps(record, indent=1) + "\n")
-    for old in glob.glob(os.path.join(directory, "state-*.npz")):  # superseded states (only after the record)
-        if os.path.basename(old) != state_name:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(old)
+    _remove_stale(directory, keep=state_name)  # superseded states (only after the record)
     return path
 
 
@@ -227,18 +356,148 @@ def read_record(directory: str) -> dict[str, Any] | None:
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"the checkpoint record {path} cannot be read: {e}") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a checkpoint of format {FORMAT} (written by another version?)")
+        found = record.get("format") if isinstance(record, dict) else None
+        old = " (a .npz checkpoint of asyncfl_jax before orbax; it cannot be resumed)" if found == 1 else ""
+        raise CheckpointError(f"{path} is not a checkpoint of format {FORMAT}{old}: delete the folder or start over "
+                              f"with resume=False (asyncfl run --overwrite)")
+    problem = _record_problem(record)
+    if problem:
+        raise CheckpointError(f"the checkpoint record {path} is incomplete or was edited: {problem}")
     return record
 
 
-def load(directory: str, identity: Mapping[str, Any], carry_shape: Any) -> LoopState | None:
+def _record_problem(record: Mapping[str, Any]) -> str | None:
+    """What makes a record of the current format unusable (a missing or ill-typed field), or None."""
+    missing = [k for k in RECORD_KEYS if k not in record]
+    if missing:
+        return "missing " + ", ".join(missing)
+    name = record["state_dir"]
+    if not isinstance(name, str) or not name.startswith(STATE_PREFIX) or os.path.basename(name) != name:
+        return f"state_dir {name!r} is not a state folder's name"
+    files = record["state_files"]
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        return "state_files is not a table of SHA-256"
+    arrays = record["arrays"]
+    if not isinstance(arrays, dict):
+        return "arrays is not a table of [shape, dtype]"
+    for key, entry in arrays.items():
+        if not _is_layout(entry):
+            return f"arrays[{key!r}] = {entry!r} is not [shape, dtype]"
+    integers = ("next_chunk", "next_step", "num_chunks", "carry_leaves")
+    if not all(isinstance(record[k], int) for k in integers) or not all(
+            isinstance(record[k], list) for k in ("reported", "metric_names", "trace_names")):
+        return f"{', '.join(integers)} must be integers and reported, metric_names, trace_names lists"
+    return None
+
+
+def _is_layout(entry: Any) -> bool:
+    """Whether ``entry`` is ``[shape, dtype]`` (a list of sizes and a dtype's name)."""
+    if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], list)):
+        return False
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry[0]):
+        return False
+    try:
+        np.dtype(entry[1])
+    except TypeError:
+        return False
+    return True
+
+
+def _check_files(directory: str, record: Mapping[str, Any]) -> str:
+    """The state folder of ``record``, after checking that each of its files has the recorded SHA-256."""
+    state_path = os.path.join(directory, record["state_dir"])
+    if not os.path.isdir(state_path):
+        raise CheckpointError(f"the checkpoint state {state_path} is missing (the record {RECORD} points to it)")
+    try:
+        found = _file_hashes(state_path)
+    except OSError as e:
+        raise CheckpointError(f"the checkpoint state {state_path} cannot be read: {e}") from None
+    expected = record["state_files"]
+    bad = sorted(name for name in expected if found.get(name) != expected[name])
+    if bad or not expected:
+        raise CheckpointError(f"the checkpoint state {state_path} is corrupt: {', '.join(bad[:5]) or 'no files'}"
+                              f"{' ...' if len(bad) > 5 else ''} {'is' if len(bad) == 1 else 'are'} missing or do "
+                              f"not match the SHA-256 in {RECORD}")
+    return state_path
+
+
+def _check_layout(directory: str, record: Mapping[str, Any], shapes: Sequence[Any]) -> None:
+    """Refuses a record whose carry arrays are not those of ``shapes`` (``carry_shape``'s leaves)."""
+    if record["carry_leaves"] != len(shapes):
+        raise CheckpointMismatchError(f"the checkpoint in {directory} has {record['carry_leaves']} carry arrays, this "
+                                      f"run has {len(shapes)}")
+    for i, s in enumerate(shapes):
+        if record["arrays"].get(f"c{i:04d}") != [list(s.shape), str(np.dtype(s.dtype))]:
+            raise CheckpointMismatchError(
+                f"the checkpoint in {directory} has carry array {i} of shape and dtype "
+                f"{record['arrays'].get(f'c{i:04d}')}, this run {[list(s.shape), str(np.dtype(s.dtype))]}")
+
+
+def _leaf_shardings(shardings: Any, treedef: Any) -> list[Any]:
+    """One target sharding per carry leaf (None: host numpy arrays) from ``load``'s ``shardings`` argument."""
+    if shardings is None or isinstance(shardings, jax.sharding.Sharding):
+        return [shardings] * treedef.num_leaves
+    return treedef.flatten_up_to(shardings)
+
+
+def _restore_args(layout: Mapping[str, Any], leaf_shardings: Sequence[Any]) -> dict[str, Any]:
+    """Orbax's restore arguments of every stored key: carry leaves placed with their target sharding (as
+    ``jax.Array``) or read as numpy arrays; the evaluation steps, metrics and traces always as numpy arrays."""
+    import orbax.checkpoint as ocp
+
+    args = {}
+    for key, (shape, dtype) in layout.items():
+        if int(np.prod(shape)) == 0:
+            continue
+        sharding = leaf_shardings[int(key[1:])] if key.startswith("c") else None
+        if sharding is None:
+            args[key] = ocp.RestoreArgs(restore_type=np.ndarray, dtype=np.dtype(dtype))
+        else:
+            args[key] = ocp.ArrayRestoreArgs(restore_type=jax.Array, sharding=sharding, global_shape=tuple(shape),
+                                             dtype=np.dtype(dtype))
+    return args
+
+
+def _read_state(state_path: str, record: Mapping[str, Any], leaf_shardings: Sequence[Any]) -> dict[str, Any]:
+    """Every array of the state folder (zero-size ones rebuilt from the layout); :class:`CheckpointError` when orbax
+    cannot read it."""
+    import orbax.checkpoint as ocp
+
+    layout = record["arrays"]
+    checkpointer = _checkpointer()
+    try:
+        restored = checkpointer.restore(
+            state_path, args=ocp.args.PyTreeRestore(restore_args=_restore_args(layout, leaf_shardings)))
+    except Exception as e:  # noqa: BLE001  (orbax and tensorstore raise many types)
+        raise CheckpointError(f"the checkpoint state {state_path} cannot be read ({type(e).__name__}: "
+                              f"{str(e)[:500]})") from None
+    finally:
+        checkpointer.close()
+    arrays = dict(restored)
+    for key, (shape, dtype) in layout.items():
+        if int(np.prod(shape)) == 0:
+            empty = np.zeros(shape, np.dtype(dtype))
+            sharding = leaf_shardings[int(key[1:])] if key.startswith("c") else None
+            arrays[key] = empty if sharding is None else jax.device_put(empty, sharding)
+        elif key not in arrays:
+            raise CheckpointError(f"the checkpoint state {state_path} has no array {key!r}")
+    return arrays
+
+
+def load(directory: str, identity: Mapping[str, Any], carry_shape: Any, *, shardings: Any = None) -> LoopState | None:
     """The checkpoint of ``directory``, or None when it holds none.
 
     Raises :class:`CheckpointMismatchError` when it was written by a different run (the message names what differs)
     and :class:`CheckpointError` when it is unreadable or corrupt. ``carry_shape`` (``jax.eval_shape`` of the
-    program's ``init``) gives the carry's tree structure, shapes and dtypes.
+    program's ``init``) gives the carry's tree structure, shapes and dtypes. ``shardings`` places the carry: None
+    (default) returns host numpy arrays; a ``jax.sharding.Sharding``, or a tree of them with ``carry_shape``'s
+    structure (e.g. a compiled ``init``'s ``output_shardings``), returns ``jax.Array`` leaves read straight into
+    that placement (in a multi-host run each process reads only its shards). Temporary or superseded state folders
+    left by a killed save are deleted first.
     """
+    directory = os.path.abspath(directory)
     record = read_record(directory)
+    _remove_stale(directory, keep=None if record is None else record["state_dir"])
     if record is None:
         return None
     differences = _differences(record.get("identity", {}), dict(identity))
@@ -247,42 +506,30 @@ def load(directory: str, identity: Mapping[str, Any], carry_shape: Any) -> LoopS
             f"the checkpoint in {directory} belongs to a different run, so it cannot be resumed; it differs in: "
             + "; ".join(differences) + ". Use another checkpoint folder, delete this one, or resume=False to start over"
         )
-    state_path = os.path.join(directory, record["state_file"])
-    try:
-        digest = _sha256_file(state_path)
-    except OSError as e:
-        raise CheckpointError(f"the checkpoint state {state_path} cannot be read: {e}") from None
-    if digest != record["state_sha256"]:
-        raise CheckpointError(f"the checkpoint state {state_path} is corrupt (its SHA-256 does not match {RECORD})")
     shapes, treedef = jax.tree_util.tree_flatten(carry_shape)
-    if record["carry_leaves"] != len(shapes):
-        raise CheckpointMismatchError(f"the checkpoint in {directory} has {record['carry_leaves']} carry arrays, this "
-                                      f"run has {len(shapes)}")
-    with np.load(state_path, allow_pickle=False) as z:
-        leaves = [z[f"carry_{i:04d}"].view(np.dtype(s.dtype)).reshape(s.shape) for i, s in enumerate(shapes)]
-        eval_steps = [int(s) for s in z["eval_steps"]]
-        metrics = {name: list(z[f"metric_{name}"]) for name in record["metric_names"]}
-        traces = {name: [z[f"trace_{name}"]] for name in record.get("trace_names", [])}
+    _check_layout(directory, record, shapes)
+    state_path = _check_files(directory, record)
+    arrays = _read_state(state_path, record, _leaf_shardings(shardings, treedef))
     return LoopState(
         next_chunk=int(record["next_chunk"]),
-        eval_steps=eval_steps,
-        metrics=metrics,
+        eval_steps=[int(s) for s in arrays["eval_steps"]],
+        metrics={name: list(arrays[f"m{i:03d}"]) for i, name in enumerate(record["metric_names"])},
         reported=set(int(r) for r in record["reported"]),
         stopped_early=bool(record["stopped_early"]),
         compile_seconds=float(record["compile_seconds"]),
         run_seconds=float(record["run_seconds"]),
-        carry=jax.tree_util.tree_unflatten(treedef, leaves),
-        traces=traces,
+        carry=jax.tree_util.tree_unflatten(treedef, [arrays[f"c{i:04d}"] for i in range(len(shapes))]),
+        traces={name: [arrays[f"t{i:03d}"]] for i, name in enumerate(record["trace_names"])},
     )
 
 
 def clear(directory: str) -> None:
-    """Deletes the checkpoint (record and state files) of ``directory``; other files stay."""
+    """Deletes the checkpoint (record and state folders, temporary ones included) of ``directory``; other files
+    stay."""
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(directory, RECORD))
-    for path in glob.glob(os.path.join(directory, "state-*.npz")):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
+    _remove_stale(directory, keep=None)
+
 
 
 # ---------------------------------------------------------------------------------------------------- signals
