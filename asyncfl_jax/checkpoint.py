@@ -413,12 +413,22 @@ def _check_files(directory: str, record: Mapping[str, Any]) -> str:
     except OSError as e:
         raise CheckpointError(f"the checkpoint state {state_path} cannot be read: {e}") from None
     expected = record["state_files"]
-    bad = sorted(name for name in expected if found.get(name) != expected[name])
-    if bad or not expected:
-        raise CheckpointError(f"the checkpoint state {state_path} is corrupt: {', '.join(bad[:5]) or 'no files'}"
-                              f"{' ...' if len(bad) > 5 else ''} {'is' if len(bad) == 1 else 'are'} missing or do "
-                              f"not match the SHA-256 in {RECORD}")
+    changed = sorted(name for name in expected if name in found and found[name] != expected[name])
+    missing = sorted(name for name in expected if name not in found)
+    problems = []
+    if changed:
+        problems.append(f"{_some(changed)} {'does' if len(changed) == 1 else 'do'} not match the SHA-256 in {RECORD}")
+    if missing:
+        problems.append(f"{_some(missing)} {'is' if len(missing) == 1 else 'are'} missing")
+    if problems or not expected:
+        raise CheckpointError(f"the checkpoint state {state_path} is corrupt: "
+                              + ("; ".join(problems) or f"{RECORD} lists none of its files"))
     return state_path
+
+
+def _some(names: Sequence[str]) -> str:
+    """A few of ``names`` for a message."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _check_layout(directory: str, record: Mapping[str, Any], shapes: Sequence[Any]) -> None:

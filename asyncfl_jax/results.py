@@ -18,7 +18,7 @@ Results schema (one output folder per ``asyncfl run``):
   band).
 
 * ``checkpoints/<run>/``: ``history.npz`` + ``history.json`` of each finished run (reused by ``asyncfl run --resume``)
-  and, while a run is unfinished, its checkpoint (``checkpoint.json`` + ``state-<chunk>.npz``, see
+  and, while a run is unfinished, its checkpoint (``checkpoint.json`` + the orbax folder ``state-<chunk>/``, see
   :mod:`asyncfl_jax.checkpoint`).
 
 Every file is written atomically (temporary file in the same folder, ``fsync``, then rename).

@@ -7,6 +7,7 @@ killed with SIGKILL, or stopped with SIGTERM, then continued).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 from asyncfl_jax import LocalConfig, ca2fl, cli, engine, fedbuff, make_model, make_schedule, make_task, simulate
+from asyncfl_jax import checkpoint as ckpt
 from asyncfl_jax.checkpoint import CheckpointError, CheckpointMismatchError, SimulationInterrupted
 from asyncfl_jax.config import ExperimentConfig
 from asyncfl_jax.data import synthetic_leaf
@@ -216,6 +218,290 @@ def test_an_early_stop_is_resumed_without_new_warnings(schedule, tmp_path):
         warnings.simplefilter("error")  # the divergence was reported already
         again = simulate(mlp, fedbuff(), schedule, LOCAL, resume=True, **kw)
     assert_same_history(first, again)
+
+
+# ---------------------------------------------------------------------------------------------------- the state folder
+def small_state(k, n=64):
+    """The loop state after chunk ``k``: every carry leaf is derived from ``k`` (so a loaded state shows which save
+    it came from): float32, a bfloat16 cache running through many bit patterns (NaN payloads included), an int8
+    cache, and a zero-size leaf (which orbax refuses to store)."""
+    import jax.numpy as jnp
+
+    bits = (np.arange(2 * n, dtype=np.uint32) * 521 + k).astype(np.uint16)
+    carry = {"x": jnp.full((2, n), k, jnp.float32), "cache": jnp.asarray(bits.view(jnp.bfloat16).reshape(2, n)),
+             "codes": jnp.asarray(((np.arange(2 * n) + k) % 256 - 128).astype(np.int8).reshape(2, n)),
+             "empty": jnp.zeros((2, 0), jnp.float32)}
+    return ckpt.LoopState(next_chunk=k, eval_steps=list(range(0, 5 * k + 1, 5)),
+                          metrics={"test_accuracy": [np.full(2, i / 10, np.float32) for i in range(k + 1)]},
+                          reported={1} if k > 2 else set(), stopped_early=False, compile_seconds=0.5, run_seconds=k,
+                          carry=carry, traces={"time": [np.full((2, 5), i, np.float64) for i in range(k)]})
+
+
+def carry_shape_of(state):
+    import jax
+
+    return jax.eval_shape(lambda: state.carry)
+
+
+def assert_same_state(a, b):
+    import jax
+
+    assert (a.next_chunk, a.eval_steps, a.reported, a.stopped_early) == (b.next_chunk, b.eval_steps, b.reported,
+                                                                         b.stopped_early)
+    for x, y in zip(jax.tree_util.tree_leaves(a.carry), jax.tree_util.tree_leaves(b.carry), strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        assert (x.dtype, x.shape, x.tobytes()) == (y.dtype, y.shape, y.tobytes())
+    assert {k: np.stack(v).tobytes() for k, v in a.metrics.items()} == \
+        {k: np.stack(v).tobytes() for k, v in b.metrics.items()}
+    assert {k: np.concatenate(v, axis=1).tobytes() for k, v in a.traces.items()} == \
+        {k: np.concatenate(v, axis=1).tobytes() for k, v in b.traces.items()}
+
+
+def test_the_state_folder_round_trips_every_dtype_and_never_overwrites_the_current_state(tmp_path):
+    folder = str(tmp_path)
+    state = small_state(3)
+    ckpt.save(folder, {"run": 1}, state, 10)
+    assert sorted(os.listdir(folder)) == ["checkpoint.json", "state-000003"]
+    saved = record(folder)
+    assert saved["format"] == ckpt.FORMAT == 2 and saved["state_dir"] == "state-000003"
+    assert saved["arrays"]["c0002"] == [[2, 0], "float32"] and saved["arrays"]["c0000"] == [[2, 64], "bfloat16"]
+    assert any(name.startswith("ocdbt.process_0/") for name in saved["state_files"])  # orbax's array data
+    loaded = ckpt.load(folder, {"run": 1}, carry_shape_of(state))
+    assert all(isinstance(leaf, np.ndarray) for leaf in loaded.carry.values())  # host arrays without shardings
+    assert_same_state(loaded, state)
+    # the same chunk again (e.g. a restarted run) goes to another folder, then back: the record's state stays whole
+    ckpt.save(folder, {"run": 1}, state, 10)
+    assert sorted(os.listdir(folder)) == ["checkpoint.json", "state-000003-1"]
+    ckpt.save(folder, {"run": 1}, small_state(4), 10)
+    assert sorted(os.listdir(folder)) == ["checkpoint.json", "state-000004"]
+    assert_same_state(ckpt.load(folder, {"run": 1}, carry_shape_of(state)), small_state(4))
+    ckpt.clear(folder)
+    assert os.listdir(folder) == []
+
+
+# (orbax, failing to read, leaves a thread that posts to its closed event loop: a warning, not an error)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_corrupt_or_unreadable_orbax_array_file_is_refused(tmp_path):
+    import shutil
+
+    folder = tmp_path / "ckpt"
+    state = small_state(2, n=4096)
+    ckpt.save(str(folder), {}, state, 10)
+    saved = record(str(folder))
+    name = max(saved["state_files"], key=lambda f: (folder / saved["state_dir"] / f).stat().st_size)
+    assert "/d/" in f"/{name}"  # an array data file
+    for damage, expected in [("flip", "is corrupt: .* does not match the SHA-256"),
+                             ("delete", "is corrupt: ocdbt.* is missing")]:
+        copy = tmp_path / damage
+        shutil.copytree(folder, copy)
+        path = copy / saved["state_dir"] / name
+        if damage == "flip":
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 1
+            path.write_bytes(bytes(data))
+        else:
+            path.unlink()
+        with pytest.raises(CheckpointError, match=expected):
+            ckpt.load(str(copy), {}, carry_shape_of(state))
+    # a truncated data file whose SHA-256 was copied into the record: orbax's own error, as a CheckpointError
+    copy = tmp_path / "truncated"
+    shutil.copytree(folder, copy)
+    path = copy / saved["state_dir"] / name
+    path.write_bytes(path.read_bytes()[:100])
+    edited = record(str(copy))
+    edited["state_files"][name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (copy / "checkpoint.json").write_text(json.dumps(edited))
+    with pytest.raises(CheckpointError, match=r"state-000002 cannot be read \("):
+        ckpt.load(str(copy), {}, carry_shape_of(state))
+    shutil.rmtree(copy / saved["state_dir"])
+    with pytest.raises(CheckpointError, match="state-000002 is missing"):
+        ckpt.load(str(copy), {}, carry_shape_of(state))
+
+
+@pytest.mark.parametrize("edit,expected", [
+    (lambda r: r.update(format=1, state_file="state-000002.npz"), r"not a checkpoint of format 2 \(a \.npz"),
+    (lambda r: r.pop("state_files"), "incomplete or was edited: missing state_files"),
+    (lambda r: r.update(state_dir="../elsewhere"), "is not a state folder's name"),
+    (lambda r: r["arrays"].update(c0000=[[2, 64], "no-such-dtype"]), r"arrays\['c0000'\]"),
+    (lambda r: r.update(next_chunk="2"), "must be integers"),
+    (lambda r: r["arrays"].update(c0000=[[2, 65], "bfloat16"]), "carry array 0 of shape and dtype"),
+])
+def test_an_old_or_edited_record_is_refused(tmp_path, edit, expected):
+    state = small_state(2)
+    ckpt.save(str(tmp_path), {}, state, 10)
+    edited = record(str(tmp_path))
+    edit(edited)
+    (tmp_path / "checkpoint.json").write_text(json.dumps(edited))
+    with pytest.raises(CheckpointError, match=expected):
+        ckpt.load(str(tmp_path), {}, carry_shape_of(state))
+
+
+# A process that saves the states of small_state(1), small_state(2)... into a folder, SIGKILLed (by itself, when
+# ``moment`` is "before-rename" or "after-rename": at that instant of its last save; by the test otherwise) or
+# stopped by a file size limit ("full-disk": the last save fails as on a full disk).
+SAVER = """
+import os, resource, signal, sys
+sys.path.insert(0, {tests!r})
+from test_checkpoint import small_state
+from asyncfl_jax import checkpoint as ckpt
+
+folder, moment, last = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for k in range(1, last + 1):
+    if k == last and moment in ("before-rename", "after-rename"):
+        rename = os.rename
+        def killing_rename(src, dst):
+            if moment == "after-rename":
+                rename(src, dst)
+            if str(src).endswith(".orbax-checkpoint-tmp"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            rename(src, dst)
+        os.rename = killing_rename
+    if k == last and moment == "full-disk":
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+        try:
+            ckpt.save(folder, {{}}, small_state(k, n=1 << 16), 1000)
+        except ckpt.CheckpointError as e:
+            print("refused:", e)
+        sys.exit(0)
+    ckpt.save(folder, {{}}, small_state(k), 1000)
+"""
+
+
+def _saver(folder, moment, last):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+               JAX_PLATFORMS="cpu")
+    script = SAVER.format(tests=os.path.join(REPO, "tests"))
+    return subprocess.Popen([sys.executable, "-c", script, str(folder), moment, str(last)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("moment,left", [("before-rename", "state-000002.orbax-checkpoint-tmp"),
+                                         ("after-rename", "state-000002")])
+def test_a_state_folder_left_by_a_killed_save_is_deleted_by_the_next_load_or_save(tmp_path, moment, left):
+    import shutil
+
+    proc = _saver(tmp_path / "a", moment, 2)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err[-3000:]
+    assert sorted(os.listdir(tmp_path / "a")) == sorted(["checkpoint.json", left, "state-000001"])
+    assert record(str(tmp_path / "a"))["state_dir"] == "state-000001"  # the record never saw chunk 2
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    loaded = ckpt.load(str(tmp_path / "a"), {}, carry_shape_of(small_state(1)))
+    assert_same_state(loaded, small_state(1))
+    assert sorted(os.listdir(tmp_path / "a")) == ["checkpoint.json", "state-000001"]
+    ckpt.save(str(tmp_path / "b"), {}, small_state(2), 1000)
+    assert sorted(os.listdir(tmp_path / "b")) == ["checkpoint.json", "state-000002"]
+    assert_same_state(ckpt.load(str(tmp_path / "b"), {}, carry_shape_of(small_state(2))), small_state(2))
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
+    proc = _saver(tmp_path, "full-disk", 3)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "refused: the checkpoint state" in out and "could not be written" in out and "File too large" in out
+    assert "previous checkpoint, if any, is kept" in out
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.json", "state-000002"]  # the temporary folder is gone
+    assert_same_state(ckpt.load(str(tmp_path), {}, carry_shape_of(small_state(2))), small_state(2))
+
+
+def test_a_save_killed_at_random_moments_leaves_a_whole_checkpoint(tmp_path):
+    import random
+
+    rng = random.Random(0)
+    for trial in range(4):
+        folder = tmp_path / f"trial{trial}"
+        proc = _saver(folder, "loop", 10_000)
+        _wait_for_checkpoint(proc, str(folder), min_chunk=1 + trial)
+        time.sleep(rng.uniform(0.0, 0.2))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        saved = record(str(folder))
+        loaded = ckpt.load(str(folder), {}, carry_shape_of(small_state(1)))
+        assert_same_state(loaded, small_state(saved["next_chunk"]))
+        assert sorted(os.listdir(folder)) == ["checkpoint.json", saved["state_dir"]]
+
+
+SHARDED = """
+import os, sys, tempfile
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+assert jax.device_count() == 4, jax.devices()
+sys.path.insert(0, {tests!r})
+from test_checkpoint import assert_same_state, small_state
+from asyncfl_jax import checkpoint as ckpt
+
+mesh = Mesh(np.array(jax.devices()), ("d",))
+rows, everywhere = NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
+state = small_state(3, n=64)
+host = {{k: np.asarray(v) for k, v in state.carry.items()}}
+state.carry = {{"x": jax.device_put(jnp.tile(state.carry["x"], (2, 1)), rows),  # 4 rows, one per device
+               "cache": jax.device_put(state.carry["cache"].reshape(4, 32), rows),
+               "codes": jax.device_put(state.carry["codes"], everywhere), "empty": state.carry["empty"]}}
+folder = tempfile.mkdtemp()
+ckpt.save(folder, {{}}, state, 10)
+shape = jax.eval_shape(lambda: state.carry)
+targets = {{"x": rows, "cache": rows, "codes": everywhere, "empty": everywhere}}
+placed = ckpt.load(folder, {{}}, shape, shardings=targets)
+for k, leaf in placed.carry.items():
+    assert isinstance(leaf, jax.Array) and leaf.sharding.is_equivalent_to(targets[k], leaf.ndim), (k, leaf.sharding)
+assert placed.carry["x"].addressable_shards[1].data.shape == (1, 64)
+assert_same_state(placed, state)
+on_host = ckpt.load(folder, {{}}, shape)
+assert all(isinstance(v, np.ndarray) for v in on_host.carry.values())
+assert_same_state(on_host, state)
+one = ckpt.load(folder, {{}}, shape, shardings=everywhere)  # one sharding for every leaf
+assert all(v.sharding.is_equivalent_to(everywhere, v.ndim) for v in one.carry.values())
+print("sharded carry saved and placed")
+
+from asyncfl_jax import LocalConfig, ca2fl, engine, make_model, make_schedule, make_task, simulate
+from asyncfl_jax.checkpoint import SimulationInterrupted
+from asyncfl_jax.data import synthetic_leaf
+from asyncfl_jax.timing import DelayModel
+
+data = synthetic_leaf(num_clients=8, seed=1, max_samples=80)
+task = make_task(data, data.natural_partition, make_model("logreg", data.input_shape, data.num_classes))
+schedule = make_schedule("concurrent", 8, 24, DelayModel(), seed=0, concurrency=4, buffer_size=2)
+kw = dict(local=LocalConfig(steps=2, batch_size=8), seeds=[0, 1], hparams={{"client_lr": [0.05, 0.1]}},
+          eval_every=8, progress=False, shard_replicas=True)
+ref = simulate(task, ca2fl(cache="int8"), schedule, **kw)
+
+class StopAt:
+    def __init__(self, k):
+        self.k, self.calls = k, 0
+    def update(self, n):
+        self.calls += 1
+        if self.calls == self.k:
+            raise KeyboardInterrupt
+    def set_postfix(self, **kwargs):
+        pass
+    def close(self):
+        pass
+
+folder = tempfile.mkdtemp()
+bar, engine._progress_bar = engine._progress_bar, lambda *a, **k: StopAt(2)
+try:
+    simulate(task, ca2fl(cache="int8"), schedule, checkpoint_dir=folder, **kw)
+except SimulationInterrupted as e:
+    assert e.saved and e.step == 16, (e.saved, e.step)
+else:
+    raise AssertionError("the run should have been interrupted")
+engine._progress_bar = bar
+resumed = simulate(task, ca2fl(cache="int8"), schedule, checkpoint_dir=folder, resume=True, **kw)
+assert resumed.final_params.tobytes() == ref.final_params.tobytes()
+for k in ref.metrics:
+    assert resumed.metrics[k].tobytes() == ref.metrics[k].tobytes(), k
+print("sharded replicas resume")
+"""
+
+
+def test_a_carry_sharded_over_four_devices_is_saved_and_placed_back():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    script = SHARDED.format(tests=os.path.join(REPO, "tests"))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "sharded carry saved and placed" in out.stdout and "sharded replicas resume" in out.stdout
 
 
 def test_history_files_round_trip(reference, tmp_path):
@@ -432,6 +718,9 @@ def test_overwrite_deletes_only_what_asyncfl_wrote(tmp_path):
     (out / "checkpoints" / "fedbuff").mkdir(parents=True)
     for name in ("history.json", "history.npz", "checkpoint.json", "state-000002.npz"):
         (out / "checkpoints" / "fedbuff" / name).write_bytes(b"x")
+    for name in ("state-000003/d", "state-000004.orbax-checkpoint-tmp/d"):  # orbax state folders, finished or not
+        (out / "checkpoints" / "fedbuff" / name).mkdir(parents=True)
+        (out / "checkpoints" / "fedbuff" / name / "x").write_bytes(b"x")
     clean_output(str(out))
     assert os.listdir(out) == ["notes.txt"]
 
