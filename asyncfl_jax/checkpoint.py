@@ -213,7 +213,7 @@ def _state_arrays(state: LoopState) -> tuple[dict[str, Any], dict[str, list[Any]
     arrays: dict[str, Any] = {}
     leaves = jax.tree_util.tree_leaves(state.carry)
     for i, leaf in enumerate(leaves):
-        arrays[f"c{i:04d}"] = leaf if isinstance(leaf, (jax.Array, np.ndarray)) else np.asarray(leaf)
+        arrays[f"c{i:04d}"] = _storable(leaf)
     arrays["eval_steps"] = np.asarray(state.eval_steps, np.int64)
     for i, rows in enumerate(state.metrics.values()):
         arrays[f"m{i:03d}"] = np.stack([np.asarray(r) for r in rows])
@@ -221,6 +221,15 @@ def _state_arrays(state: LoopState) -> tuple[dict[str, Any], dict[str, list[Any]
         arrays[f"t{i:03d}"] = np.concatenate([np.asarray(p) for p in parts], axis=1)
     layout = {key: [list(a.shape), str(np.dtype(a.dtype))] for key, a in arrays.items()}
     return {k: a for k, a in arrays.items() if a.size > 0}, layout, len(leaves)
+
+
+def _storable(leaf: Any) -> Any:
+    """A carry leaf as orbax can store it: a ``jax.Array`` as it is, except, in a multi-host run, one that lives on
+    this process's devices only (orbax refuses those there; the value is taken to be the same on every process,
+    as a replicated leaf is, and process 0 writes it as a numpy array); anything else as a numpy array."""
+    if isinstance(leaf, jax.Array) and not (jax.process_count() > 1 and leaf.is_fully_addressable):
+        return leaf
+    return np.asarray(leaf)
 
 
 def _state_name(chunk: int, current: str | None) -> str:
@@ -319,8 +328,19 @@ def save(directory: str, identity: Mapping[str, Any], state: LoopState, num_chun
     arrays, layout, carry_leaves = _state_arrays(state)
     state_path = os.path.join(directory, state_name)
     _write_state(state_path, arrays)
-    if not _is_primary():
-        return path
+    if _is_primary():
+        _write_record(path, identity, state, num_chunks, state_name, layout, carry_leaves)
+        _remove_stale(directory, keep=state_name)  # superseded states (only after the record)
+    _sync_processes("saved")  # every process returns once the new checkpoint is the current one
+    return path
+
+
+def _write_record(path: str, identity: Mapping[str, Any], state: LoopState, num_chunks: int, state_name: str,
+                  layout: Mapping[str, Any], carry_leaves: int) -> None:
+    """Makes the finalized state folder ``state_name`` current: hashes and syncs its files, then replaces the
+    record ``path`` atomically."""
+    directory = os.path.dirname(path)
+    state_path = os.path.join(directory, state_name)
     _fsync(directory)  # the rename of the finalized folder
     record = {
         "format": FORMAT,
@@ -341,8 +361,6 @@ def save(directory: str, identity: Mapping[str, Any], state: LoopState, num_chun
         "run_seconds": float(state.run_seconds),
     }
     write_atomic(path, json.dumps(record, indent=1) + "\n")
-    _remove_stale(directory, keep=state_name)  # superseded states (only after the record)
-    return path
 
 
 def read_record(directory: str) -> dict[str, Any] | None:

@@ -504,6 +504,59 @@ def test_a_carry_sharded_over_four_devices_is_saved_and_placed_back():
     assert "sharded carry saved and placed" in out.stdout and "sharded replicas resume" in out.stdout
 
 
+# Two processes with 2 CPU devices each, as two hosts: every process writes its shards of a carry spread over the 4
+# devices, and reads back only its own.
+MULTIHOST = """
+import os, sys
+import jax
+process, port, folder = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+jax.distributed.initialize(f"localhost:{{port}}", num_processes=2, process_id=process)
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+sys.path.insert(0, {tests!r})
+from test_checkpoint import small_state
+from asyncfl_jax import checkpoint as ckpt
+
+assert jax.device_count() == 4 and jax.local_device_count() == 2, jax.devices()
+mesh = Mesh(np.array(jax.devices()), ("d",))
+rows, everywhere = NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
+host = small_state(2, n=64)
+full = {{"x": np.tile(np.asarray(host.carry["x"]), (2, 1)), "cache": np.asarray(host.carry["cache"]).reshape(4, 32),
+        "codes": np.asarray(host.carry["codes"])}}
+targets = {{"x": rows, "cache": rows, "codes": everywhere}}
+host.carry = {{k: jax.make_array_from_callback(a.shape, targets[k], lambda i, a=a: a[i]) for k, a in full.items()}}
+assert not host.carry["x"].is_fully_addressable
+ckpt.save(folder, {{}}, small_state(1), 10)  # a first state, superseded by the sharded one
+ckpt.save(folder, {{}}, host, 10)
+loaded = ckpt.load(folder, {{}}, jax.eval_shape(lambda: host.carry), shardings=targets)
+assert loaded.next_chunk == 2 and loaded.metrics["test_accuracy"][2].tobytes() == np.full(2, 0.2, np.float32).tobytes()
+for k, leaf in loaded.carry.items():
+    assert leaf.sharding.is_equivalent_to(targets[k], leaf.ndim), k
+    for shard in leaf.addressable_shards:
+        assert np.asarray(shard.data).tobytes() == full[k][shard.index].tobytes(), k
+print(f"process {{process}}: ok", flush=True)
+"""
+
+
+def test_a_carry_spread_over_two_processes_is_saved_and_read_back_shard_by_shard(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a free port for the coordinator
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    script = MULTIHOST.format(tests=os.path.join(REPO, "tests"))
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(i), str(port), str(tmp_path)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for i, (p, (out, err)) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0 and f"process {i}: ok" in out, err[-3000:]
+    saved = record(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.json", "state-000002"]
+    assert {name.split("/")[0] for name in saved["state_files"]} >= {"ocdbt.process_0", "ocdbt.process_1"}
+
+
 def test_history_files_round_trip(reference, tmp_path):
     ref, _ = reference
     save_history(ref, str(tmp_path), meta={"run": "x"})
