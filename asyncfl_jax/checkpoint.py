@@ -15,13 +15,13 @@ A checkpoint folder (one per run, e.g. ``<out>/checkpoints/<run>/``) holds
 
 Atomicity: orbax writes the state into ``state-<chunk>.orbax-checkpoint-tmp`` and, once every process has written
 its shards, renames it to ``state-<chunk>`` (process 0, after writing ``commit_success.txt``). Then process 0 reads
-the finalized folder back to hash it, flushing each file and folder to disk (``fsync``; orbax does not), and only
-then replaces the record (temporary file, ``fsync``, ``os.replace``), so the record never points to an unfinished
-or unsynced state. Superseded, orphaned (finalized but never recorded) and temporary state folders are deleted after
-that, and by the next :func:`save` or :func:`load`. A process killed at any instant therefore leaves the previous
-checkpoint or the new one, never a mix. A state whose files do not match the record's SHA-256 is refused with
-:class:`CheckpointError`, as is anything orbax cannot read. Saving the chunk of the current state again writes
-``state-<chunk>-1`` (and the other name the time after), never over the state the record points to.
+the finalized folder back to hash it, flushing each file and folder to disk (``fsync``: orbax does not sync its
+rename), and only then replaces the record (temporary file, ``fsync``, ``os.replace``), so the record never points
+to an unfinished or unsynced state. Superseded, orphaned (finalized but never recorded) and temporary state folders
+are deleted after that, and by the next :func:`save` or :func:`load`. A process killed at any instant therefore
+leaves the previous checkpoint or the new one, never a mix. A state whose files do not match the record's SHA-256 is
+refused with :class:`CheckpointError`, as is anything orbax cannot read. Saving the chunk of the current state again
+writes ``state-<chunk>-1`` (and the other name the time after), never over the state the record points to.
 
 The carry's tree structure is never stored (no pickle): it is rebuilt from the program with ``jax.eval_shape``.
 Randomness needs no state: the key of a job is ``fold_in(fold_in(PRNGKey(seed), t + 1), j)`` and the server's is
@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -53,7 +53,10 @@ from asyncfl_jax.results import write_atomic
 
 FORMAT = 2  # 1: the carry as raw bytes in state-<chunk>.npz; 2: an orbax folder state-<chunk>/
 RECORD = "checkpoint.json"
-STATE_PREFIX = "state-"  # every entry of a checkpoint folder named so belongs to the checkpoint
+STATE_PREFIX = "state-"
+# The entries of a checkpoint folder that belong to the checkpoint besides its record: state folders (finalized, or
+# orbax's temporary ones), states of format 1, temporary record files of atomic_file.
+OWNED = re.compile(r"state-\d{6,}(-1)?(\.orbax-checkpoint-tmp.*)?|state-\d{6,}\.npz|\.tmp-.*" + re.escape(RECORD))
 RECORD_KEYS = ("identity", "state_dir", "state_files", "arrays", "next_chunk", "next_step", "num_chunks", "complete",
                "stopped_early", "reported", "metric_names", "trace_names", "carry_leaves", "compile_seconds",
                "run_seconds")
@@ -249,15 +252,16 @@ def _current_state(directory: str) -> str | None:
 
 
 def _remove_stale(directory: str, keep: str | None) -> None:
-    """Deletes, on process 0, every state folder or file of ``directory`` but ``keep``: orbax's temporary folders
-    left by a killed or failed write (``state-*.orbax-checkpoint-tmp``), finalized folders that no record points to,
-    states superseded by a newer record, ``.npz`` states of the previous format and temporary record files."""
-    if not _is_primary():
+    """Deletes, on process 0, every entry of ``directory`` that belongs to a checkpoint (see ``OWNED``) but ``keep``:
+    orbax's temporary folders left by a killed or failed write (``state-<chunk>.orbax-checkpoint-tmp``), finalized
+    folders that no record points to, states superseded by a newer record, ``.npz`` states of format 1 and temporary
+    record files. Other files stay."""
+    if not _is_primary() or not os.path.isdir(directory):
         return
-    for path in glob.glob(os.path.join(directory, STATE_PREFIX + "*")) + glob.glob(
-            os.path.join(directory, ".tmp-*" + RECORD)):
-        if os.path.basename(path) == keep:
+    for name in os.listdir(directory):
+        if name == keep or not OWNED.fullmatch(name):
             continue
+        path = os.path.join(directory, name)
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
@@ -266,6 +270,7 @@ def _remove_stale(directory: str, keep: str | None) -> None:
 
 
 def _fsync(path: str) -> None:
+    """Flushes a file or folder to disk (a folder: the names in it, e.g. after a rename)."""
     with contextlib.suppress(OSError):  # e.g. a platform where folders cannot be opened
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -276,7 +281,7 @@ def _fsync(path: str) -> None:
 
 def _file_hashes(folder: str, sync: bool = False) -> dict[str, str]:
     """SHA-256 of every file under ``folder`` (by path relative to it, ``/``-separated). With ``sync`` each file and
-    folder is also flushed to disk (orbax renames without ``fsync``), so that the record written next never points
+    folder is also flushed to disk (orbax does not sync its rename), so that the record written next never points
     to a state that a power cut could lose."""
     hashes = {}
     for root, dirs, files in os.walk(folder):
@@ -295,6 +300,11 @@ def _file_hashes(folder: str, sync: bool = False) -> dict[str, str]:
     return hashes
 
 
+def _shorter(message: str, limit: int = 400) -> str:
+    """An error message of orbax or tensorstore cut to ``limit`` characters (they can hold a whole JSON spec)."""
+    return message if len(message) <= limit else message[:limit] + " ..."
+
+
 def _write_state(path: str, arrays: Mapping[str, Any]) -> None:
     """Writes ``arrays`` as the orbax checkpoint folder ``path`` (on every process); on an error the temporary folder
     is removed and :class:`CheckpointError` says why (e.g. a full disk)."""
@@ -305,8 +315,8 @@ def _write_state(path: str, arrays: Mapping[str, Any]) -> None:
         checkpointer.save(path, args=ocp.args.PyTreeSave(dict(arrays)))
     except Exception as e:  # orbax and tensorstore raise many types (OSError, ValueError, RuntimeError...)
         _remove_stale(os.path.dirname(path), keep=_current_state(os.path.dirname(path)))
-        raise CheckpointError(f"the checkpoint state {path} could not be written ({type(e).__name__}: {e}); the "
-                              f"previous checkpoint, if any, is kept") from e
+        raise CheckpointError(f"the checkpoint state {path} could not be written ({type(e).__name__}: "
+                              f"{_shorter(str(e))}); the previous checkpoint, if any, is kept") from e
     finally:
         checkpointer.close()
 
@@ -498,7 +508,7 @@ def _read_state(state_path: str, record: Mapping[str, Any], leaf_shardings: Sequ
             state_path, args=ocp.args.PyTreeRestore(restore_args=_restore_args(layout, leaf_shardings)))
     except Exception as e:  # noqa: BLE001  (orbax and tensorstore raise many types)
         raise CheckpointError(f"the checkpoint state {state_path} cannot be read ({type(e).__name__}: "
-                              f"{str(e)[:500]})") from None
+                              f"{_shorter(str(e))})") from None
     finally:
         checkpointer.close()
     arrays = dict(restored)

@@ -262,6 +262,8 @@ def test_the_state_folder_round_trips_every_dtype_and_never_overwrites_the_curre
     state = small_state(3)
     ckpt.save(folder, {"run": 1}, state, 10)
     assert sorted(os.listdir(folder)) == ["checkpoint.json", "state-000003"]
+    for mine in ("notes.txt", "state-of-the-art.txt"):  # files of others in the folder are never deleted
+        (tmp_path / mine).write_text("mine")
     saved = record(folder)
     assert saved["format"] == ckpt.FORMAT == 2 and saved["state_dir"] == "state-000003"
     assert saved["arrays"]["c0002"] == [[2, 0], "float32"] and saved["arrays"]["c0000"] == [[2, 64], "bfloat16"]
@@ -271,12 +273,12 @@ def test_the_state_folder_round_trips_every_dtype_and_never_overwrites_the_curre
     assert_same_state(loaded, state)
     # the same chunk again (e.g. a restarted run) goes to another folder, then back: the record's state stays whole
     ckpt.save(folder, {"run": 1}, state, 10)
-    assert sorted(os.listdir(folder)) == ["checkpoint.json", "state-000003-1"]
+    assert sorted(os.listdir(folder)) == ["checkpoint.json", "notes.txt", "state-000003-1", "state-of-the-art.txt"]
     ckpt.save(folder, {"run": 1}, small_state(4), 10)
-    assert sorted(os.listdir(folder)) == ["checkpoint.json", "state-000004"]
+    assert sorted(os.listdir(folder)) == ["checkpoint.json", "notes.txt", "state-000004", "state-of-the-art.txt"]
     assert_same_state(ckpt.load(folder, {"run": 1}, carry_shape_of(state)), small_state(4))
     ckpt.clear(folder)
-    assert os.listdir(folder) == []
+    assert sorted(os.listdir(folder)) == ["notes.txt", "state-of-the-art.txt"]
 
 
 # (orbax, failing to read, leaves a thread that posts to its closed event loop: a warning, not an error)
