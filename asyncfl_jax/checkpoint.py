@@ -300,9 +300,12 @@ def _file_hashes(folder: str, sync: bool = False) -> dict[str, str]:
     return hashes
 
 
-def _shorter(message: str, limit: int = 400) -> str:
-    """An error message of orbax or tensorstore cut to ``limit`` characters (they can hold a whole JSON spec)."""
-    return message if len(message) <= limit else message[:limit] + " ..."
+def _shorter(message: str, limit: int = 600) -> str:
+    """An error message of orbax or tensorstore without the JSON spec that tensorstore appends, and cut in the middle
+    when still longer than ``limit`` characters (its start says what failed, its end the system's error)."""
+    message = re.sub(r"\s*\[tensorstore_spec='.*?'\]", "", message, flags=re.DOTALL)
+    half = limit // 2
+    return message if len(message) <= limit else f"{message[:half]} ... {message[-half:]}"
 
 
 def _write_state(path: str, arrays: Mapping[str, Any]) -> None:
