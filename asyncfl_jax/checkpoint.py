@@ -309,19 +309,21 @@ def _shorter(message: str, limit: int = 600) -> str:
 
 
 def _write_state(path: str, arrays: Mapping[str, Any]) -> None:
-    """Writes ``arrays`` as the orbax checkpoint folder ``path`` (on every process); on an error the temporary folder
-    is removed and :class:`CheckpointError` says why (e.g. a full disk)."""
+    """Writes ``arrays`` as the orbax checkpoint folder ``path`` (on every process). On an error,
+    :class:`CheckpointError` says why (e.g. a full disk) and the temporary folder is removed (the next save or load
+    removes it otherwise: orbax's writing threads may still add to it for a moment)."""
+    import orbax.checkpoint as ocp
+
     checkpointer = _checkpointer()
     try:
-        import orbax.checkpoint as ocp
-
         checkpointer.save(path, args=ocp.args.PyTreeSave(dict(arrays)))
     except Exception as e:  # orbax and tensorstore raise many types (OSError, ValueError, RuntimeError...)
-        _remove_stale(os.path.dirname(path), keep=_current_state(os.path.dirname(path)))
+        checkpointer.close()
+        directory = os.path.dirname(path)
+        _remove_stale(directory, keep=_current_state(directory))
         raise CheckpointError(f"the checkpoint state {path} could not be written ({type(e).__name__}: "
                               f"{_shorter(str(e))}); the previous checkpoint, if any, is kept") from e
-    finally:
-        checkpointer.close()
+    checkpointer.close()
 
 
 def save(directory: str, identity: Mapping[str, Any], state: LoopState, num_chunks: int) -> str:
