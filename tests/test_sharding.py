@@ -119,7 +119,7 @@ CLIENTS_SCRIPT = textwrap.dedent(
     placement, everywhere = engine.client_shardings(shape, *flags, n)
     sched, hp, keys, arrays = jax.device_put((sched, hp, keys, arrays), everywhere)
     carry = jax.jit(init, out_shardings=placement)(sched, hp, keys, arrays)
-    steps = engine._slice_steps(sched.steps._replace(plan=()), 0, 8, replica_axis=False)
+    steps = engine.slice_steps(sched.steps._replace(plan=()), 0, 8, replica_axis=False)
     chunk = jax.jit(jax.vmap(program.advance, in_axes=(0, None, 0, 0, None)), out_shardings=(placement, everywhere))
     compiled = chunk.lower(carry, steps, hp, keys, arrays).compile()
     hlo = compiled.as_text()
@@ -144,15 +144,15 @@ CLIENTS_SCRIPT = textwrap.dedent(
             pass
     ref = simulate(task, A.ca2fl(), buffered, shard_clients=True, **kw)
     folder = tempfile.mkdtemp()
-    bar = engine._progress_bar
-    engine._progress_bar = lambda *a, **k: StopAt(2)
+    bar = engine.callbacks.progress_bar
+    engine.callbacks.progress_bar = lambda *a, **k: StopAt(2)
     try:
         simulate(task, A.ca2fl(), buffered, shard_clients=True, checkpoint_dir=folder, **kw)
     except SimulationInterrupted as e:
         assert e.saved and e.step == 16, (e.saved, e.step)
     else:
         raise AssertionError("the run should have been interrupted")
-    engine._progress_bar = bar
+    engine.callbacks.progress_bar = bar
     resumed = simulate(task, A.ca2fl(), buffered, shard_clients=True, checkpoint_dir=folder, resume=True, **kw)
     assert resumed.final_params.tobytes() == ref.final_params.tobytes()
     for k in ref.metrics:
