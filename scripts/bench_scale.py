@@ -336,7 +336,7 @@ def bench_baseline(task, algorithm, local, schedule, num_steps: int, hp_replica,
     """
     x0 = task.model.flat_params
     n = task.num_clients
-    if jax.tree_util.tree_leaves(algorithm.init_clients(x0, 1)) or algorithm.job_steps is not None:
+    if jax.tree_util.tree_leaves(algorithm.init_clients(x0, 1)) or algorithm.jobs.steps is not None:
         raise ValueError(f"the per-event loop does not support {algorithm.name} (client memory / per-job steps)")
     if noop:
         def local_fn(x, client, key, hp, data):  # raw uint32[2] keys (PRNGKey)
@@ -364,7 +364,7 @@ def bench_baseline(task, algorithm, local, schedule, num_steps: int, hp_replica,
     state = jax.tree_util.tree_map(jnp.copy, algorithm.init(x0, n))  # the calls donate it: never the task's x0
     pending: dict[int, jax.Array] = {}
     t0 = time.perf_counter()
-    if algorithm.init_round:  # every client at x0, then one server step with the n messages (as the engine)
+    if algorithm.init_round is not None:  # every client at x0, then one server step with the n messages (as the engine)
         msgs = tuple(client_job(x0, i, INIT_ROUND_STREAM, i, hp, task.train) for i in range(n))
         state = server_step(state, msgs, np.arange(n, dtype=np.int32), np.zeros(n, np.int32), -1, np.float32(0),
                             INIT_ROUND_STREAM, hp)

@@ -67,7 +67,7 @@ CLIENTS_SCRIPT = textwrap.dedent(
     import re, tempfile
     import jax, jax.numpy as jnp, numpy as np
     assert jax.device_count() == 4, jax.devices()
-    from asyncfl_jax import LocalConfig, engine, make_model, make_schedule, make_task, simulate
+    from asyncfl_jax import LocalConfig, engine, make_model, make_schedule, make_task, simulate, task_arrays
     from asyncfl_jax import algorithms as A
     from asyncfl_jax.checkpoint import SimulationInterrupted
     from asyncfl_jax.data import synthetic_leaf
@@ -111,7 +111,7 @@ CLIENTS_SCRIPT = textwrap.dedent(
     program = engine.build_program(task, algorithm, local, all_active.num_slots)
     sched = engine.schedule_arrays(all_active)
     hp = engine.stack_hparams(engine.make_replicas(algorithm, [0]))
-    keys, arrays = jax.random.PRNGKey(0)[None], engine.task_arrays(task)
+    keys, arrays = jax.random.PRNGKey(0)[None], task_arrays(task)
     init = jax.vmap(program.init, in_axes=(None, 0, 0, None))
     shape = jax.eval_shape(init, sched, hp, keys, arrays)
     flags = engine.per_client_leaves(algorithm, task.model.flat_params, n)

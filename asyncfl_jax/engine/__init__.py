@@ -22,14 +22,14 @@ job is trained.
 from asyncfl_jax.engine.budget import MemoryBudget, device_memory_bytes, memory_budget
 from asyncfl_jax.engine.callbacks import (Checkpoints, CSVLogger, DivergenceWarnings, JSONLinesLogger, ProgressBar,
                                           StopWhenAllDiverged, progress_bar)
-from asyncfl_jax.engine.clocks import INIT_BATCH, TRACE_NAMES, ClockChunk, InScanClock, PresampledClock
+from asyncfl_jax.engine.clocks import TRACE_NAMES, ClockChunk, InScanClock, PresampledClock
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import (Replica, default_hparams, make_replicas, replica_keys, resolve_hparams,
                                         stack_hparams)
 from asyncfl_jax.engine.inputs import (LookaheadPlan, ScheduleArrays, StepArrays, flush_buckets, job_arrivals,
                                        lookahead_plan, lookahead_windows, schedule_arrays, slice_steps,
                                        stack_schedules)
-from asyncfl_jax.engine.jobs import INIT_ROUND_STREAM, SERVER_STREAM, Arrivals, Jobs, Trainer, make_trainer
+from asyncfl_jax.engine.jobs import INIT_BATCH, INIT_ROUND_STREAM, SERVER_STREAM, Arrivals, Jobs, Trainer, make_trainer
 from asyncfl_jax.engine.loop import METRIC_NAMES, ChunkUpdate, HostLoop, Run, prepare_run
 from asyncfl_jax.engine.placement import (ShardClients, ShardJobs, ShardReplicas, SingleDevice, client_shardings,
                                           job_sharding, make_placement, per_client_leaves, replica_shardings)

@@ -16,7 +16,7 @@ the per-step values the scan runs over; ``freeze_record`` marks the records of a
   client id). Step ``t`` first starts the jobs that begin at ``x_t``: the client that arrived at step ``t - 1`` (sent
   ``x_t`` at its arrival time, unless it was suspended or has left), then, in time order, the dropout (at most once)
   and the clients returning from suspension before the next arrival. A job of ``K`` local steps takes
-  ``comm + (K / local.steps) * compute`` (``algorithm.job_steps``), so durations may depend on the training state.
+  ``comm + (K / local.steps) * compute`` (the algorithm's ``JobPolicy.steps``), so durations may depend on the training state.
   The job at position ``col`` of dispatch row ``row`` uses the pre-sampled engine's key (row 0: the initial jobs,
   column = client id), so with state-independent durations a clocked run and a pre-sampled ``all_active`` run train
   the same jobs. Times are double-float pairs (see :mod:`asyncfl_jax.timing.clock`); each step records a trace
@@ -32,10 +32,9 @@ import jax
 import jax.numpy as jnp
 
 from asyncfl_jax.engine.inputs import ScheduleArrays, StepArrays
-from asyncfl_jax.engine.jobs import Arrivals, Jobs, in_groups
+from asyncfl_jax.engine.jobs import INIT_BATCH, Arrivals, Jobs, in_groups
 from asyncfl_jax.timing.clock import ClockTables
 
-INIT_BATCH = 256  # initial jobs start in groups of this many (bounds memory when all n clients start at once)
 TRACE_NAMES = ("client", "row", "col", "steps", "start_hi", "start_lo", "arrival_hi", "arrival_lo")
 
 Plan = Callable[[jax.Array], tuple[Any, jax.Array]]

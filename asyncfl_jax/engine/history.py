@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
 from asyncfl_jax import checkpoint
 from asyncfl_jax.algorithms.compression import message_bits
-from asyncfl_jax.engine.loop import Run
 from asyncfl_jax.results import History
 from asyncfl_jax.timing.schedule import Schedule
 
 
-def make_history(run: Run, state: checkpoint.LoopState) -> History:
-    """The History after the evaluations of ``state`` (virtual times and uploads read from each replica's
+def make_history(run: Any, state: checkpoint.LoopState) -> History:
+    """The History of ``run`` (an :class:`~asyncfl_jax.engine.loop.Run`) after the evaluations of ``state`` (virtual times and uploads read from each replica's
     schedule: the given one, or the one the event clock realized)."""
     steps = np.asarray(state.eval_steps)
     timeline, algorithm, task = run.timeline, run.algorithm, run.task
     realized = timeline.realized(state.traces, state.carry, int(steps[-1]))
-    init_uploads = task.num_clients if algorithm.init_round else 0
+    init_uploads = task.num_clients if algorithm.init_round is not None else 0
     payload, index = message_bits(algorithm, int(task.model.num_params))
     return History(
         label=run.label,

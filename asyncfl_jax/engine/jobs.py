@@ -17,10 +17,11 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from asyncfl_jax.algorithms.base import Algorithm, ServerMeta, after, read_rows
+from asyncfl_jax.algorithms.base import UPLOADS, Algorithm, ServerMeta, after, read_rows
 from asyncfl_jax.client import LocalConfig, make_local_update
 from asyncfl_jax.task import Task
 
+INIT_BATCH = 256  # jobs started before step 0 are trained in groups of this many (bounds memory when all n start)
 SERVER_STREAM = 0x7FFFFFFF  # fold_in index of the server's key at each step (job j of a step uses index j)
 INIT_ROUND_STREAM = 0x7FFFFFFE  # fold_in row of the initialization round's keys (steps use t + 1 >= 0)
 
@@ -34,7 +35,7 @@ class Jobs(NamedTuple):
       row: int32 scalar, the dispatch row (the jobs' keys are ``fold_in(fold_in(key, row), cols)``).
       cols: int32 [W] each job's position in its row.
       hp: the jobs' hyper-parameters (scalars; the algorithm may set them from its state when they start).
-      steps: int32 [W] their local step counts (``algorithm.job_steps``; ``local.steps`` otherwise).
+      steps: int32 [W] their local step counts (the algorithm's ``JobPolicy.steps``; ``local.steps`` otherwise).
     """
 
     clients: jax.Array
@@ -89,19 +90,19 @@ class Trainer:
 
     def plan(self, server: Any, clients: jax.Array, hp) -> tuple[Any, jax.Array]:
         """The hyper-parameters and local step counts of jobs that ``clients`` start now (``server``: the state)."""
-        algorithm = self.algorithm
-        job_hp = hp if algorithm.local_hparams is None else algorithm.local_hparams(server, hp)
-        if algorithm.job_steps is None:
+        policy = self.algorithm.jobs
+        job_hp = hp if policy.hparams is None else policy.hparams(server, hp)
+        if policy.steps is None:
             return job_hp, jnp.full(clients.shape, self.local.steps, jnp.int32)
-        return job_hp, algorithm.job_steps(server, clients, hp).astype(jnp.int32)
+        return job_hp, policy.steps(server, clients, hp).astype(jnp.int32)
 
     def results(self, x: jax.Array, clients: jax.Array, keys: jax.Array, hp, steps: jax.Array, train_data: Any,
                 per_job: bool = False) -> jax.Array:
         """The jobs' local-training results in one vmapped call. ``x`` and ``hp`` are shared by the jobs, or with
-        ``per_job`` have a leading job axis (jobs of several steps); ``steps`` is read only when the algorithm sets
-        ``job_steps``."""
+        ``per_job`` have a leading job axis (jobs of several steps); ``steps`` is read only when the algorithm's
+        job policy sets the step counts."""
         shared = 0 if per_job else None
-        if self.algorithm.job_steps is None:
+        if self.algorithm.jobs.steps is None:
             return jax.vmap(self.local_fn, in_axes=(shared, 0, 0, shared, None))(x, clients, keys, hp, train_data)
         return jax.vmap(self.local_fn, in_axes=(shared, 0, 0, shared, None, 0))(x, clients, keys, hp, train_data,
                                                                                steps)
@@ -146,14 +147,16 @@ class Trainer:
 
 def make_trainer(task: Task, algorithm: Algorithm, local: LocalConfig,
                  constrain: Callable[[jax.Array], jax.Array] | None = None) -> Trainer:
-    """The :class:`Trainer` of ``algorithm``'s jobs (with a per-job step count when it sets ``job_steps``)."""
-    if algorithm.job_steps is None:
+    """The :class:`Trainer` of ``algorithm``'s jobs (with a per-job step count when its job policy sets one)."""
+    policy = algorithm.jobs
+    if algorithm.upload not in UPLOADS:
+        raise ValueError(f"{algorithm.name}: upload must be one of {list(UPLOADS)}, got {algorithm.upload!r}")
+    if policy.steps is None:
         local_fn = make_local_update(task.model, local, output=algorithm.local_output)
-    elif algorithm.max_job_steps is None:
-        raise ValueError(f"{algorithm.name} sets job_steps but not max_job_steps")
+    elif policy.max_steps is None:
+        raise ValueError(f"{algorithm.name}: its JobPolicy sets steps but not max_steps")
     else:
-        local_fn = make_local_update(task.model, local, output=algorithm.local_output,
-                                     max_steps=algorithm.max_job_steps)
+        local_fn = make_local_update(task.model, local, output=algorithm.local_output, max_steps=policy.max_steps)
     return Trainer(algorithm, local, local_fn, constrain or (lambda a: a))
 
 

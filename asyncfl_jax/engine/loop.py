@@ -21,6 +21,7 @@ from asyncfl_jax import checkpoint
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine.budget import MemoryBudget, memory_budget
+from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, stack_hparams
 from asyncfl_jax.engine.placement import Placed, ShardJobs, SingleDevice
 from asyncfl_jax.engine.step import Program
@@ -205,8 +206,7 @@ class HostLoop:
                                   - self.excluded_seconds)
 
     def history(self) -> Any:
-        from asyncfl_jax.engine.history import make_history
-
+        """The :class:`~asyncfl_jax.results.History` of the evaluations so far."""
         self.update_times()
         return make_history(self.run_spec, self.state)
 

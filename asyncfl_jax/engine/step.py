@@ -26,7 +26,8 @@ import jax.numpy as jnp
 
 from asyncfl_jax.algorithms.base import Algorithm, ServerMeta
 from asyncfl_jax.client import LocalConfig
-from asyncfl_jax.engine.clocks import INIT_BATCH, InScanClock, PresampledClock
+from asyncfl_jax.engine import jobs as jobs_lib
+from asyncfl_jax.engine.clocks import InScanClock, PresampledClock
 from asyncfl_jax.engine.jobs import INIT_ROUND_STREAM, SERVER_STREAM, Jobs, Trainer, in_groups, make_trainer
 from asyncfl_jax.engine.stores import Lookahead, TrainAtArrival, TrainAtDispatch
 from asyncfl_jax.task import Task, TaskArrays, make_evaluator
@@ -72,6 +73,7 @@ class Program:
     store: Any
     num_clients: int
     evaluate: Callable[[jax.Array, TaskArrays], dict[str, jax.Array]]
+    init_batch: int = jobs_lib.INIT_BATCH  # the initialization round trains the clients in groups of this many
 
     # -------------------------------------------------------------------------------------------- the step
     def server_step(self, carry: Carry, inputs: Any, hp, key: jax.Array, data: TaskArrays) -> tuple[Carry, Any]:
@@ -124,7 +126,7 @@ class Program:
         job_hp, _ = self.trainer.plan(server, jnp.zeros((1,), jnp.int32), hp)
         store = self.store.init(x0, job_hp, message_shape, self.clock.dispatch_width(inputs))
         carry = Carry(server=server, clients=clients, clock=(), store=store, diverged_at=jnp.int32(-1))
-        if algorithm.init_round:
+        if algorithm.init_round is not None:
             carry = self.initialization_round(carry, hp, key, data)
         x_0 = algorithm.params(carry.server)  # the schedule's x_0
 
@@ -140,45 +142,48 @@ class Program:
         """Every client computes its result at ``x0`` and the server applies one step with all n messages.
 
         Client ``i`` uses the key ``fold_in(fold_in(key, INIT_ROUND_STREAM), i)``. The clients are trained in groups
-        of ``INIT_BATCH``. With ``algorithm.init_round_in_groups`` each group's messages go to the server at once
-        (``server_lr = 0`` but for the last group), so no n x d buffer of messages exists; else the n messages are
-        gathered and the server takes them in one call. The round takes no virtual time."""
-        algorithm, trainer, n = self.algorithm, self.trainer, self.num_clients
+        of ``init_batch``. When the algorithm's :class:`~asyncfl_jax.algorithms.base.InitRound` can ``absorb`` a
+        group, every group but the last is absorbed as it is trained and the server steps with the last one, so no
+        n x d buffer of messages exists; else the n messages are gathered and the server takes them in one call.
+        The round takes no virtual time."""
+        algorithm, trainer, n, size = self.algorithm, self.trainer, self.num_clients, self.init_batch
         server_key = jax.random.fold_in(jax.random.fold_in(key, INIT_ROUND_STREAM), SERVER_STREAM)
 
-        def train_group(c: Carry, ids: jax.Array) -> tuple[Any, Any, jax.Array, jax.Array]:
-            valid = ids < n  # ids >= n: padding of the last group
+        def train_group(c: Carry, ids: jax.Array) -> tuple[Carry, Any, ServerMeta]:
+            """The group's messages (ids >= n: padding) and the meta of a server call on them."""
+            valid = ids < n
             clients = jnp.where(valid, ids, 0)
             job_hp, steps = trainer.plan(c.server, clients, hp)
             jobs = Jobs(jnp.where(valid, ids, -1), clients, jnp.int32(INIT_ROUND_STREAM), clients, job_hp, steps)
             messages, memory = trainer.train(data.x0, jobs, c.clients, key, data.train)
-            return messages, memory, clients, valid
+            group_key = jnp.where(ids[0] == 0, server_key, jax.random.fold_in(server_key, ids[0]))
+            meta = ServerMeta(clients=clients, mask=valid, staleness=jnp.zeros(clients.shape, jnp.int32),
+                              step=jnp.int32(-1), time=jnp.float32(0.0), key=group_key)
+            return c._replace(clients=memory), messages, meta
 
-        def meta(clients: jax.Array, valid: jax.Array, key_g: jax.Array) -> ServerMeta:
-            return ServerMeta(clients=clients, mask=valid, staleness=jnp.zeros(clients.shape, jnp.int32),
-                              step=jnp.int32(-1), time=jnp.float32(0.0), key=key_g)
+        ids = jnp.arange(n, dtype=jnp.int32)
+        absorb = algorithm.init_round.absorb
+        if absorb is not None:
+            last = (n - 1) // size * size  # the first id of the last group
 
-        ids = (jnp.arange(n, dtype=jnp.int32),)
-        if algorithm.init_round_in_groups:
-            def absorb(c: Carry, group: tuple[jax.Array]) -> tuple[Carry, None]:
-                (group_ids,) = group
-                messages, memory, clients, valid = train_group(c, group_ids)
-                last = group_ids[-1] >= n - 1  # the last group steps; the others only fill the server's memory
-                group_hp = {**hp, "server_lr": jnp.where(last, hp["server_lr"], 0.0)}
-                key_g = jnp.where(group_ids[0] == 0, server_key, jax.random.fold_in(server_key, group_ids[0]))
-                server = algorithm.server(c.server, messages, meta(clients, valid, key_g), group_hp)
-                return c._replace(server=server, clients=memory), None
+            def absorb_group(c: Carry, rows: tuple[jax.Array]) -> tuple[Carry, None]:
+                c, messages, meta = train_group(c, rows[0])
+                return c._replace(server=absorb(c.server, messages, meta, hp)), None
 
-            return in_groups(absorb, carry, ids, fills=(n,), size=INIT_BATCH)[0]
+            carry = in_groups(absorb_group, carry, (ids[:last],), fills=(n,), size=size)[0]
+            tail = ids[last:] if n <= size else jnp.arange(last, last + size, dtype=jnp.int32)
+            carry, messages, meta = train_group(carry, tail)
+            return carry._replace(server=algorithm.server(carry.server, messages, meta, hp))
 
         def group(c: Carry, rows: tuple[jax.Array]) -> tuple[Carry, Any]:
-            messages, memory, _, _ = train_group(c, rows[0])
-            return c._replace(clients=memory), messages
+            c, messages, _ = train_group(c, rows[0])
+            return c, messages
 
-        carry, messages = in_groups(group, carry, ids, fills=(n,), size=INIT_BATCH)
+        carry, messages = in_groups(group, carry, (ids,), fills=(n,), size=size)
         messages = jax.tree_util.tree_map(lambda m: m[:n], messages)
-        return carry._replace(server=algorithm.server(carry.server, messages,
-                                                      meta(ids[0], jnp.ones((n,), bool), server_key), hp))
+        meta = ServerMeta(clients=ids, mask=jnp.ones((n,), bool), staleness=jnp.zeros((n,), jnp.int32),
+                          step=jnp.int32(-1), time=jnp.float32(0.0), key=server_key)
+        return carry._replace(server=algorithm.server(carry.server, messages, meta, hp))
 
 
 def freeze_diverged(advance: Callable[..., tuple[Carry, Any]], clock: Any) -> Callable[..., tuple[Carry, Any]]:
@@ -195,16 +200,21 @@ def freeze_diverged(advance: Callable[..., tuple[Carry, Any]], clock: Any) -> Ca
 
 def make_program(task: Task, algorithm: Algorithm, local: LocalConfig, clock: Any, store_kind: str = "dispatch",
                  num_slots: int = 1, lookahead: int = 1,
-                 constrain_jobs: Callable[[jax.Array], jax.Array] | None = None) -> Program:
+                 constrain_jobs: Callable[[jax.Array], jax.Array] | None = None,
+                 init_batch: int | None = None) -> Program:
     """The :class:`Program` of a run: ``clock`` (:class:`PresampledClock` or :class:`InScanClock`) and the store
     (``"dispatch"``: train at dispatch, ``"lookahead"``: lookahead batching over ``lookahead`` steps, ``"arrival"``:
-    train at arrival). ``constrain_jobs`` places a 1-D array of jobs over the devices."""
+    train at arrival). ``constrain_jobs`` places a 1-D array of jobs over the devices. ``init_batch``: the group size
+    of the jobs started before step 0 (default ``engine.jobs.INIT_BATCH``, read now)."""
+    init_batch = jobs_lib.INIT_BATCH if init_batch is None else init_batch
+    if isinstance(clock, PresampledClock):
+        clock = dataclasses.replace(clock, init_batch=init_batch)
     trainer = make_trainer(task, algorithm, local, constrain_jobs)
     stores = {"dispatch": lambda: TrainAtDispatch(trainer, num_slots),
               "lookahead": lambda: Lookahead(trainer, num_slots, lookahead),
               "arrival": lambda: TrainAtArrival(trainer, num_slots)}
     return Program(algorithm=algorithm, trainer=trainer, clock=clock, store=stores[store_kind](),
-                   num_clients=task.num_clients, evaluate=make_evaluator(task.model))
+                   num_clients=task.num_clients, evaluate=make_evaluator(task.model), init_batch=init_batch)
 
 
 def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slots: int, job_sharding: Any = None,
