@@ -2,8 +2,9 @@
 """Do the bias-correcting methods do what their papers claim? A CPU-scale demonstration: ACE, CA2FL and AREA
 against FedBuff and FedAsync under growing client-speed spread.
 
-The demonstration (setting, methods and grids, runner, table, figure) is in :mod:`asyncfl_jax.reproduce.bias_correction`,
-whose docstring describes it; ``--help`` lists the options. Results: ``docs/simulator.md``.
+The demonstration (setting, methods and grids, runner, table, figure) is in
+:mod:`asyncfl_jax.reproduce.bias_correction`, whose docstring describes it; ``--help`` lists the options. Results:
+``docs/simulator.md``.
 
 Usage::
 

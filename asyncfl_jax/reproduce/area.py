@@ -27,18 +27,18 @@ memory of every client's latest pseudo-gradient, a step with their 1/n mean ever
 only in its theory) and FedAsync (``fedasync``, polynomial staleness ``(tau+1)^-0.5``, mixing weight 0.6, on every
 arrival). Not available: AsyncCommSGD and AFA-CD (related work only in the paper; not in the project).
 
-Event model (digest section 3, Example 3). Client i's updates arrive as a Poisson process of rate lambda_i: a job
-of client i takes ``s_i * Exp(1)`` with ``s_i = 1 / lambda_i`` (``DelayModel`` with ``noise="exponential"``; the
-speeds come from :class:`asyncfl_jax.timing.PoissonRates`, a ``DelayModel`` whose ``s_i`` are the inverse of rates drawn once per
-schedule). Uniform rates: lambda_i = 10. Non-uniform: lambda_i ~ N(10, sd^2) with sd = 5 (digest A1), redrawn while
+Event model (digest section 3, Example 3). Client i's updates arrive as a Poisson process of rate lambda_i: a job of
+client i takes ``s_i * Exp(1)`` with ``s_i = 1 / lambda_i`` (``DelayModel`` with ``noise="exponential"``; the speeds
+come from :class:`asyncfl_jax.timing.PoissonRates`, a ``DelayModel`` whose ``s_i`` are the inverse of rates drawn once
+per schedule). Uniform rates: lambda_i = 10. Non-uniform: lambda_i ~ N(10, sd^2) with sd = 5 (digest A1), redrawn while
 <= 0 (a truncated normal); ``--rate-stds`` adds more heterogeneity levels. Every asynchronous method aggregates after
 every Delta client messages (count rule, Delta = 4 for n = 128, 2 for n = 4; a fast client may fill several buffer
 slots); the arriving client restarts at once from the current model, and the client completing a buffer gets the
 post-aggregation model (digest A5). Theory's independent server clock (``aggregation="poisson"``) is not what the
-experiments use and is not run here. The horizon t_h is virtual time (15 for n = 128, M = 1; 2 for n = 128, M = 50;
-100 for n = 4): steps after t_h are removed from each trial's schedule (the jobs in flight are discarded, digest A17),
-so the final model is the model at t_h. Trial s uses timing seed s for every method and alpha (common random numbers:
-the same rates and job times), and training seed 1000 j + s for heterogeneity level j.
+experiments use and is not run here. The horizon t_h is virtual time (15 for n = 128, M = 1; 2 for n = 128, M = 50; 100
+for n = 4): steps after t_h are removed from each trial's schedule (the jobs in flight are discarded, digest A17), so
+the final model is the model at t_h. Trial s uses timing seed s for every method and alpha (common random numbers: the
+same rates and job times), and training seed 1000 j + s for heterogeneity level j.
 
 Metrics (digest section 4, A11): test accuracy of the server model on the full test set at t_h; the loss
 ``f = mean CE over all training examples + (nu/2) ||W||^2`` at t_h (from the final models); rho = t_target / t_h,

@@ -4,8 +4,8 @@ Setting: Fashion-MNIST, logistic regression, n = 100 clients with a Dirichlet(al
 always training (full concurrency), so fast clients report far more often than slow ones. Client speeds are
 log-normal, ``speed_i = exp(N(0, sigma^2))``, with exponential job noise; ``sigma`` is the speed spread (0: every
 client equally fast on average). Each method runs for the same number of client uploads (so the same virtual time,
-the same client work: by default one minibatch gradient of 32 examples per upload, as in the ACE paper's comparison), with
-its paper's protocol:
+the same client work: by default one minibatch gradient of 32 examples per upload, as in the ACE paper's comparison),
+with its paper's protocol:
 
 ===========  ==========================================================================  ==========================
 method       rule                                                                        protocol
@@ -18,9 +18,9 @@ AREA         x = mean of every client's latest local model (client memory, 1/n) 
 ===========  ==========================================================================  ==========================
 
 Every method gets a small learning-rate grid (a vmapped sweep; the best final accuracy, the mean of the last three
-evaluations averaged over seeds, is reported), so a gap is not an artefact of one step size. Expected direction (ACE, CA2FL and AREA papers): the
-cache/memory methods (ACE, CA2FL, AREA) end higher than FedBuff and FedAsync, and the gap grows with the speed
-spread.
+evaluations averaged over seeds, is reported), so a gap is not an artefact of one step size. Expected direction (ACE,
+CA2FL and AREA papers): the cache/memory methods (ACE, CA2FL, AREA) end higher than FedBuff and FedAsync, and the gap
+grows with the speed spread.
 
 Usage::
 

@@ -30,8 +30,8 @@ reaches the target on a seed at the first evaluation (about 40 per run) whose te
 (``History.to_reach``); its bits to target is the mean over seeds, reported only when every seed reached it.
 Expected direction (AsynFLC-EF paper, Table III and Figs. 1 and 5): the error-feedback variants reach the target
 with far fewer bits than AsynFL and FedBuff (the paper's Fashion-MNIST row: 24x for top3, 480x for its 2-bit top3)
-in about as many uploads as AsynFL; top-k without error feedback is unstable or needs several times more uploads, the more so the more
-non-IID the data.
+in about as many uploads as AsynFL; top-k without error feedback is unstable or needs several times more uploads, the
+more so the more non-IID the data.
 
 Usage::
 
