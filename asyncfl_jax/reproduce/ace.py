@@ -69,13 +69,7 @@ Scales (``--scale``):
   memory budget is split in halves automatically (``--max-replicas`` caps them from the start), and
   ``--cache bfloat16`` halves the caches.
 
-Usage::
-
-    python scripts/reproduce_ace.py                      # --scale cpu: about 15 minutes on 2 CPU cores
-    python scripts/reproduce_ace.py --quick              # 20 clients, 400 uploads, one seed: 1-2 minutes
-    python scripts/reproduce_ace.py --scale paper --data-dir ~/tensorflow_datasets          # CIFAR-10, a GPU
-    python scripts/reproduce_ace.py --scale paper --dataset cifar100 --tune --out results/ace_c100
-    python scripts/reproduce_ace.py --alphas 0.1 --betas 5 30 --delay-model iid_exp --skip-dropout
+The command is ``scripts/reproduce_ace.py`` (examples in its docstring, options in ``--help``).
 
 It writes ``table.md`` (also printed), ``results.json`` (arguments, selected step sizes, per-setting summaries, the
 checks of the paper's claims, schedule statistics, every evaluation of every selected run), ``accuracy.png``
@@ -100,8 +94,8 @@ from asyncfl_jax.algorithms import Algorithm
 from asyncfl_jax.data import Dataset, partition
 from asyncfl_jax.reproduce.curves import final_value, mean_on_grid
 from asyncfl_jax.reproduce.data import CIFAR_STATS, DATASET_TITLES, DataUnavailable, load_dataset, standardize_channels
-from asyncfl_jax.reproduce.report import (distinct_seeds_problem, log_program, pyplot, save_png, table_row,
-                                          write_outputs, yes_no)
+from asyncfl_jax.reproduce.report import (distinct_seeds_problem, log_program, parse_checked, pyplot, save_png,
+                                          table_row, write_outputs, yes_no)
 from asyncfl_jax.timing import DelayModel, pad_to_common_widths, schedule_summary
 
 METHODS = ("ace", "aced", "fedbuff", "ca2fl", "da_asgd", "vanilla_asgd")
@@ -239,11 +233,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments with the scale's defaults filled in, checked and normalized (sorted grids, 0% dropout added,
     ``lr_override`` parsed); a bad argument exits with a usage error."""
     p = build_parser()
-    args = p.parse_args(argv)
-    apply_scale_defaults(args)
-    problem = argument_problem(args)
-    if problem:
-        p.error(problem)
+    args = parse_checked(p, argv, apply_scale_defaults, argument_problem)
     normalize_arguments(args)
     try:
         args.lr_override = parse_lr_overrides(args.lr)

@@ -64,12 +64,7 @@ Scales:
   accelerator.
 * ``--quick``: the cpu setting cut to t_h = 4, one trial, two alphas per method.
 
-Usage::
-
-    python scripts/reproduce_area.py                               # --scale cpu
-    python scripts/reproduce_area.py --quick
-    python scripts/reproduce_area.py --scale paper --data-dir ~/data/mnist
-    python scripts/reproduce_area.py --settings n4_m1 --rate-stds 0 2.5 5 7.5 --extras --out results/area_n4
+The command is ``scripts/reproduce_area.py`` (examples in its docstring, options in ``--help``).
 
 It writes ``table.md``, ``results.json`` (every run's curves, per-row statistics, per-trial times to target, the
 rates drawn, the paper's numbers), ``curves_<setting>.png`` (test accuracy and training loss against virtual time,

@@ -48,12 +48,7 @@ data and no LSTM model, so ``--task femnist`` / ``--task shakespeare`` stop with
 Synthetic(1, 1) only; the paper's local learning-rate decay of 0.995 per round (constant here); wall-clock time (the
 paper's time axis is real seconds of a 10-process emulation; here it is virtual time).
 
-Usage::
-
-    python scripts/reproduce_asyncfeded.py                  # --scale cpu: about 2.5 minutes on 2 CPU cores
-    python scripts/reproduce_asyncfeded.py --quick          # under 1 minute (budget 12, P in {0, 0.9}, one seed)
-    python scripts/reproduce_asyncfeded.py --scale paper    # P = 0, 0.1, ..., 0.9, 5 seeds: about 35 min on 2 cores
-    python scripts/reproduce_asyncfeded.py --probs 0 0.3 0.9 --budget 60 --sync-suspensions wait --out results/afed
+The command is ``scripts/reproduce_asyncfeded.py`` (examples in its docstring, options in ``--help``).
 
 ``--scale cpu``: budget 40 time units (about 330 server updates at P = 0), P in {0, 0.5, 0.9}, seeds 0 and 1,
 ablation K in {5, 10, 20} at P = 0.1. ``--scale paper``: P in {0, 0.1, ..., 0.9}, seeds 0-4, ablation K in
@@ -84,8 +79,8 @@ from asyncfl_jax import (Algorithm, EventClock, History, LocalConfig, Schedule, 
 from asyncfl_jax.data import synthetic_leaf
 from asyncfl_jax.presets import get_preset
 from asyncfl_jax.reproduce.curves import finite_mean_std, first_passage, mean_on_grid
-from asyncfl_jax.reproduce.report import (distinct_seeds_problem, log_program, pyplot, round_up, save_png,
-                                          write_outputs, yes_no)
+from asyncfl_jax.reproduce.report import (distinct_seeds_problem, label_axes, log_program, pyplot, round_up,
+                                          save_png, write_outputs, yes_no)
 from asyncfl_jax.timing import (DelayModel, all_active, build_past, pad_to_common_widths, steps_within, synchronous,
                                 wait_rounds)
 
@@ -525,11 +520,8 @@ def plot_ablation(records: list[dict], args: argparse.Namespace) -> str | None:
             if recs:
                 ax.plot(grid, mean_on_grid(recs, grid), "-" if m == "AsyncFedED" else "--",
                         label="adaptive K" if m == "AsyncFedED" else f"constant K = {m.split('=')[1]}")
-        ax.set_title(f"AsyncFedED, adaptive vs constant K (P = {args.ablation_prob:g})", fontsize=10)
-        ax.set_xlabel("virtual time")
-        ax.set_ylabel("test accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        label_axes(ax, f"AsyncFedED, adaptive vs constant K (P = {args.ablation_prob:g})", "virtual time",
+                   "test accuracy")
         fig.tight_layout()
         return save_png(fig, args.out, "ablation.png")
     return None

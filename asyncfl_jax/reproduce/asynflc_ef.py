@@ -58,14 +58,7 @@ W in {300, 500, 700, 900, 1000} s as one vmapped program (replica (W_j, seed s) 
 window schedule of timing seed s) for the same T rounds, and logs the digest's delay statistics (tau_max, tau_avg0,
 tau_avg1, tau_avgm0, tau_avgm1; |S_t|).
 
-Usage::
-
-    python scripts/reproduce_asynflc_ef.py                         # --scale cpu: about 14 CPU-minutes
-    python scripts/reproduce_asynflc_ef.py --quick                 # one seed, 30 rounds, grid {1, 2}
-    python scripts/reproduce_asynflc_ef.py --scale paper --tasks fmnist_mlp cifar10_cnn --out results/asynflc_ef
-    python scripts/reproduce_asynflc_ef.py --scale paper --dry-run # the plan (settings, programs, memory), no run
-    python scripts/reproduce_asynflc_ef.py --dirichlet-alpha 0.1 --seeds 0 1 2 --methods AsynFL "AsynFLC(top3)"
-    python scripts/reproduce_asynflc_ef.py --from-results results/reproduce_asynflc_ef/results.json --out replot
+The command is ``scripts/reproduce_asynflc_ef.py`` (examples in its docstring, options in ``--help``).
 
 ``--scale cpu`` ran in 14 CPU-minutes (38 minutes of wall time on 2 cores shared with other jobs): 16 programs of 8
 replicas and the Fig. 4 program of 10.
@@ -100,8 +93,8 @@ from asyncfl_jax.algorithms.compression import num_kept
 from asyncfl_jax.data import Dataset, partition
 from asyncfl_jax.reproduce.curves import best_on_grid, fewest_on_grid, first_reach, mean_if_all
 from asyncfl_jax.reproduce.data import check_dataset, load_dataset
-from asyncfl_jax.reproduce.report import (distinct_seeds_problem, fmt_bits, fmt_ratio, pyplot, round_up, to_json,
-                                          yes_no)
+from asyncfl_jax.reproduce.report import (distinct_seeds_problem, fmt_bits, fmt_ratio, parse_checked, pyplot,
+                                          round_up, to_json, yes_no)
 from asyncfl_jax.results import save_figure, write_atomic
 from asyncfl_jax.timing import DelayModel, delay_statistics, pad_to_common_widths, window_schedule
 
@@ -289,11 +282,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments with the scale's defaults filled in, checked, and the methods parsed (``method_specs``); a bad
     argument exits with a usage error."""
     p = build_parser()
-    args = p.parse_args(argv)
-    apply_scale_defaults(args)
-    problem = argument_problem(args)
-    if problem:
-        p.error(problem)
+    args = parse_checked(p, argv, apply_scale_defaults, argument_problem)
     try:
         args.method_specs = [parse_method(m, args.qsgd_norm) for m in dict.fromkeys(args.methods)]
         if args.windows:

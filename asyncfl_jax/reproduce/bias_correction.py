@@ -22,11 +22,7 @@ evaluations averaged over seeds, is reported), so a gap is not an artefact of on
 CA2FL and AREA papers): the cache/memory methods (ACE, CA2FL, AREA) end higher than FedBuff and FedAsync, and the gap
 grows with the speed spread.
 
-Usage::
-
-    python scripts/demo_bias_correction.py                     # about 3 minutes on 2 CPU cores
-    python scripts/demo_bias_correction.py --quick             # about 1.5 minutes (fewer uploads, one seed)
-    python scripts/demo_bias_correction.py --spreads 0 1.5 --alpha 0.1 1.0 --out results/bias
+The command is ``scripts/demo_bias_correction.py`` (examples in its docstring, options in ``--help``).
 
 It needs the Fashion-MNIST IDX files (Debian: ``apt-get install dataset-fashion-mnist``, or ``--data-dir``); with
 ``--dataset synthetic`` it runs on the embedded LEAF Synthetic(1, 1) data instead. It writes ``table.md``,
@@ -45,7 +41,7 @@ import numpy as np
 
 from asyncfl_jax import LocalConfig, Schedule, Task, get_algorithm, make_model, make_schedule, make_task, simulate
 from asyncfl_jax.data import partition
-from asyncfl_jax.reproduce.data import DataUnavailable, load_dataset
+from asyncfl_jax.reproduce.data import DataUnavailable, add_dataset_arguments, load_dataset
 from asyncfl_jax.reproduce.report import pyplot, save_png, write_outputs
 from asyncfl_jax.timing import DelayModel
 
@@ -79,8 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--client-lr", type=float, default=0.1, help="local SGD step size (except AREA's sweep)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    p.add_argument("--dataset", choices=["fashion_mnist", "synthetic"], default="fashion_mnist")
-    p.add_argument("--data-dir", default=None)
+    add_dataset_arguments(p)
     p.add_argument("--quick", action="store_true", help="1500 uploads, one seed")
     p.add_argument("--out", default="results/demo_bias_correction")
     return p

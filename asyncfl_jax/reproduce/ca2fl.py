@@ -66,12 +66,7 @@ augmentation (the client has none); the Dirichlet split is drawn once (seed 0) a
 (the training seed and the timing seed change with the seed); FedAsync's ResNet hyper-parameters that the extracted
 Table 7 misses are the digest's fill-ins; FedAsync's rounds are counted in client updates.
 
-Usage::
-
-    python scripts/reproduce_ca2fl.py                              # --scale cpu: 4 min of CPU time (2 cores)
-    python scripts/reproduce_ca2fl.py --quick                      # Dir(0.1) only, 40 rounds, 1 seed
-    python scripts/reproduce_ca2fl.py --scale paper --data-dir ~/tensorflow_datasets --out results/ca2fl_paper
-    python scripts/reproduce_ca2fl.py --scale paper --settings cifar10/ca2fl_cnn/0.3 --methods asyncfl ca2fl mf8
+The command is ``scripts/reproduce_ca2fl.py`` (examples in its docstring, options in ``--help``).
 
 It writes ``table.md`` (also printed), ``results.json`` (per (setting, method, variant) means and stds, every run's
 curve, the delay statistics and the direction checks), ``accuracy.png`` (test accuracy against global rounds, one
@@ -95,7 +90,8 @@ from asyncfl_jax import LocalConfig, Schedule, Task, get_algorithm, make_model, 
 from asyncfl_jax.data import Dataset, partition
 from asyncfl_jax.reproduce.curves import finite_mean_std, first_passage, mean_of_aligned
 from asyncfl_jax.reproduce.data import DATASET_TITLES, check_dataset, load_dataset, standardize_channels
-from asyncfl_jax.reproduce.report import distinct_seeds_problem, log_program, pyplot, save_png, write_outputs, yes_no
+from asyncfl_jax.reproduce.report import (distinct_seeds_problem, label_axes, log_program, pyplot, save_png,
+                                          write_outputs, yes_no)
 from asyncfl_jax.timing import DelayModel, pad_to_common_widths, schedule_summary
 
 
@@ -924,11 +920,7 @@ def plot_accuracy(main: list[dict], args: argparse.Namespace) -> str:
             if recs:
                 color, ls = STYLE[m]
                 ax.plot(*mean_of_aligned(recs, "rounds"), ls, color=color, label=METHODS[m].label, linewidth=1.3)
-        ax.set_title(next(s.title for s in args.settings if s.key == k), fontsize=10)
-        ax.set_xlabel("global round")
-        ax.set_ylabel("test accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        label_axes(ax, next(s.title for s in args.settings if s.key == k), "global round", "test accuracy")
     for ax in axes.flat[len(keys):]:
         ax.axis("off")
     fig.tight_layout()
@@ -948,11 +940,7 @@ def plot_fedasync(main: list[dict], args: argparse.Namespace) -> str | None:
         if recs:
             color, ls = STYLE[m]
             ax.plot(*mean_of_aligned(recs, "uploads"), ls, color=color, label=METHODS[m].label)
-    ax.set_title(f"Fig. 6: CA2FL vs FedAsync, {args.settings[0].title}", fontsize=10)
-    ax.set_xlabel("client updates received")
-    ax.set_ylabel("test accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    label_axes(ax, f"Fig. 6: CA2FL vs FedAsync, {args.settings[0].title}", "client updates received", "test accuracy")
     fig.tight_layout()
     return save_png(fig, args.out, "fedasync.png")
 
@@ -986,11 +974,7 @@ def plot_ablation(ab: list[dict], args: argparse.Namespace) -> str | None:
                 tau = np.mean([r["tau_avg"] for r in recs])
                 ax.plot(*mean_of_aligned(recs, "rounds"), label=f"{lab} (tau_avg {tau:.2f})", linewidth=1.2)
             swept = {"concurrency": "Mc", "buffer": "M", "delays": "delays"}[field]
-            ax.set_title(f"{METHODS[m].label}: {swept}", fontsize=10)
-            ax.set_xlabel("global round")
-            ax.set_ylabel("test accuracy")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            label_axes(ax, f"{METHODS[m].label}: {swept}", "global round", "test accuracy")
     fig.suptitle(f"Ablations on {next(s.title for s in args.settings if s.key == abl)} (Fig. 4, Fig. 5a)",
                  fontsize=11)
     fig.tight_layout()

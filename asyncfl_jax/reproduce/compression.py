@@ -33,11 +33,7 @@ with far fewer bits than AsynFL and FedBuff (the paper's Fashion-MNIST row: 24x 
 in about as many uploads as AsynFL; top-k without error feedback is unstable or needs several times more uploads, the
 more so the more non-IID the data.
 
-Usage::
-
-    python scripts/demo_compression.py                         # about 4 minutes on 2 CPU cores
-    python scripts/demo_compression.py --quick                 # about 1.5 minutes (1000 uploads, one seed)
-    python scripts/demo_compression.py --dirichlet-alpha 0.1 --target 0.7 --seeds 0 1 2 --out results/compression
+The command is ``scripts/demo_compression.py`` (examples in its docstring, options in ``--help``).
 
 Most of the quick run is compiling (about 10 s per method on 2 CPU cores).
 
@@ -61,7 +57,7 @@ from asyncfl_jax import (Algorithm, History, LocalConfig, Schedule, get_algorith
                          make_task, simulate)
 from asyncfl_jax.data import partition
 from asyncfl_jax.reproduce.curves import best_on_grid, fewest_on_grid, mean_if_all
-from asyncfl_jax.reproduce.data import DataUnavailable, load_dataset
+from asyncfl_jax.reproduce.data import DataUnavailable, add_dataset_arguments, load_dataset
 from asyncfl_jax.reproduce.report import fmt_bits, pyplot, save_png, write_outputs, yes_no
 from asyncfl_jax.timing import DelayModel, pad_to_common_widths
 
@@ -99,8 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fraction", type=float, default=0.03, help="top-k keeps this fraction of d (paper: top3)")
     p.add_argument("--quant-bits", type=int, default=4, help="bits per value of the top-k+Q quantizer (paper: Q4b)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    p.add_argument("--dataset", choices=["fashion_mnist", "synthetic"], default="fashion_mnist")
-    p.add_argument("--data-dir", default=None)
+    add_dataset_arguments(p)
     p.add_argument("--quick", action="store_true", help="1000 uploads, one seed, three grid values (unless given)")
     p.add_argument("--out", default="results/demo_compression")
     return p

@@ -8,6 +8,7 @@ it.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import numpy as np
@@ -22,6 +23,13 @@ CIFAR_STATS = {  # per-channel mean and std of the training images (the papers' 
 }
 DATASET_TITLES = {"fashion_mnist": "Fashion-MNIST", "mnist": "MNIST", "synthetic": "Synthetic(1,1)",
                   "cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}
+
+
+def add_dataset_arguments(parser: argparse.ArgumentParser, choices: tuple[str, ...] = ("fashion_mnist", "synthetic"),
+                          default: str = "fashion_mnist") -> None:
+    """``--dataset`` (one of ``choices``) and ``--data-dir`` (the IDX or TFDS folder) on a command line."""
+    parser.add_argument("--dataset", choices=list(choices), default=default)
+    parser.add_argument("--data-dir", default=None)
 
 
 class DataUnavailable(RuntimeError):

@@ -3,6 +3,7 @@ files and a progress line per compiled program."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -33,6 +34,19 @@ def fmt_bits(value: float | None) -> str:
 def fmt_ratio(value: float | None, digits: int = 1) -> str:
     """A ratio with ``digits`` decimals, ``-`` for None."""
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def parse_checked(parser: argparse.ArgumentParser, argv: list[str] | None,
+                  fill: Callable[[argparse.Namespace], Any],
+                  check: Callable[[argparse.Namespace], str | None]) -> argparse.Namespace:
+    """``parser``'s arguments, completed by ``fill(args)`` (defaults that depend on other arguments) and checked by
+    ``check(args)``: a message from it exits with a usage error."""
+    args = parser.parse_args(argv)
+    fill(args)
+    problem = check(args)
+    if problem:
+        parser.error(problem)
+    return args
 
 
 def distinct_seeds_problem(seeds: Sequence[int], flag: str = "--seeds") -> str | None:
@@ -80,6 +94,15 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def label_axes(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
+    """Title (10 pt), axis labels, a light grid and a small legend: how every panel of the reproductions ends."""
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def save_png(fig: Any, out: str, name: str, dpi: int = 120) -> str:
