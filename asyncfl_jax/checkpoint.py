@@ -143,7 +143,7 @@ def run_identity(
         "label": label,
         "algorithm": algorithm.name,
         "algorithm_options": dict(algorithm.options),
-        "init_round": bool(algorithm.init_round),
+        "init_round": algorithm.init_round is not None,
         "local": dataclasses.asdict(local),
         "replicas": [{"seed": r.seed, "hparams": r.hparams} for r in replicas],
         "schedules": {"sha256": hash_arrays(schedules), "num_slots": int(num_slots)},

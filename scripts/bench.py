@@ -10,8 +10,8 @@ What it measures (everything in the same run, so ratios are meaningful on a nois
   at step boundaries, K=10 local SGD steps of B=32, client lr 0.05, server lr 1) for logistic regression and an MLP
   784-200-200-10:
 
-  a. *engine*: the same compiled program :func:`asyncfl_jax.engine.simulate` runs (``build_program`` ->
-     ``jit(vmap(chunk), donate carry)``, one replica), driven chunk by chunk. Compilation, the initial jobs and the
+  a. *engine*: the same compiled program :func:`asyncfl_jax.engine.simulate` runs, driven chunk by chunk by the
+     engine's own host loop (``prepare_run`` + ``HostLoop``, one replica). Compilation, the initial jobs and the
      first chunk (warm-up) are excluded from the timing. The evaluation the engine runs after each chunk is made
      negligible for the timed run by shrinking the evaluation sets to 2 examples (training code path unchanged); the
      cost of one full evaluation (10k test + 5k train examples) is measured separately and reported.

@@ -3,9 +3,10 @@
 ``bench.py`` is the entry point (it sets up the XLA devices before JAX is imported, then imports this module). What
 is here:
 
-* :func:`bench_engine`: times the engine's compiled chunk (``build_program`` -> ``jit(vmap(chunk))``, the program
-  :func:`asyncfl_jax.engine.simulate` runs) over a pre-sampled schedule, optionally with lookahead batching, with the
-  replica axis spread over the devices, or from a zero state of the right shapes (large n, see below).
+* :func:`bench_engine`: times the engine's compiled chunks over a pre-sampled schedule with the engine's own host
+  loop (``prepare_run`` + ``HostLoop``, what :func:`asyncfl_jax.simulate` runs; a callback records each chunk's
+  time), optionally with lookahead batching, with the jobs or the replica axis spread over the devices, or from a zero
+  state of the right shapes (large n, see below).
 * :func:`bench_baseline`: the plain per-event Python loop over the same schedule doing the same math (one jitted
   client call per job, one jitted server call per step, the initialization round of ACE client by client).
 * :func:`bench_breakdown`: the engine's two halves run alone (the server rule over the schedule's arrivals, the local
@@ -40,12 +41,12 @@ from asyncfl_jax.algorithms.base import ServerMeta
 from asyncfl_jax.client import LocalConfig, local_flops_per_job, make_local_update
 from asyncfl_jax.data import partition
 from asyncfl_jax.data.client_data import Dataset
-from asyncfl_jax.engine import (INIT_ROUND_STREAM, SERVER_STREAM, LookaheadPlan, build_program, flush_buckets,
-                                job_sharding, lookahead_plan, lookahead_windows, make_replicas, memory_budget,
-                                replica_shardings, schedule_arrays, stack_hparams)
+from asyncfl_jax.engine import (INIT_ROUND_STREAM, SERVER_STREAM, HostLoop, flush_buckets, job_sharding, lookahead_plan,
+                                lookahead_windows, make_placement, make_replicas, prepare_run)
+from asyncfl_jax.engine.stores import LookaheadState
 from asyncfl_jax.models.core import make_model
 from asyncfl_jax.results import save_figure
-from asyncfl_jax.task import make_task, task_arrays
+from asyncfl_jax.task import make_evaluator, make_task, task_arrays
 from asyncfl_jax.timing import DelayModel, make_schedule
 
 SEED = 0
@@ -156,24 +157,34 @@ def _shrunk_eval(task):
                                train_eval_x=task.train_eval_x[:2], train_eval_y=task.train_eval_y[:2])
 
 
-def _light_budget_and_shape(task, algorithm, local, sched, num_slots, lookahead, hp, keys, data):
-    """(MemoryBudget, carry shapes) from a program without ACE's initialization round and with one initial job: the
-    carry has the same shapes, and tracing it does not unroll n / INIT_BATCH groups of jobs."""
-    light = build_program(task, algorithm._replace(init_round=False), local, num_slots, lookahead=lookahead)
-    small = sched._replace(init_clients=sched.init_clients[:1], init_slots=sched.init_slots[:1])
-    budget = memory_budget(light, small, hp, keys, data, None)
-    shape = jax.eval_shape(jax.vmap(light.init, in_axes=(None, 0, 0, None)), small, hp, keys, data)
-    return budget, shape
-
-
-def _zero_carry(shape, lookahead: int):
+def _zero_carry(run):
+    """A zero state of the run's carry shapes (an empty lookahead buffer, no replica diverged)."""
+    shape = run.carry_shape
     carry = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
     carry = carry._replace(diverged_at=jnp.full(shape.diverged_at.shape, -1, jnp.int32))
-    if lookahead > 1:  # an empty lookahead buffer
-        buf = carry.deferred
-        carry = carry._replace(deferred=buf._replace(clients=jnp.full(buf.clients.shape, -1, jnp.int32),
-                                                     slots=jnp.full(buf.slots.shape, -1, jnp.int32)))
+    if isinstance(carry.store, LookaheadState):  # an empty lookahead buffer
+        buf = carry.store.deferred
+        buf = buf._replace(clients=jnp.full(buf.clients.shape, -1, jnp.int32),
+                           slots=jnp.full(buf.slots.shape, -1, jnp.int32))
+        carry = carry._replace(store=carry.store._replace(deferred=buf))
     return carry
+
+
+class ChunkTimer:
+    """Host-loop callback: the wall time of every chunk's compiled program, a matmul probe after each, and the
+    model of replica 0 after the first chunk (to check the per-event loop against)."""
+
+    def __init__(self, algorithm, probe=None):
+        self.algorithm, self.probe = algorithm, probe
+        self.seconds, self.probes, self.first_params = [], [], None
+
+    def on_chunk(self, loop, update):
+        self.seconds.append(update.seconds)
+        if self.first_params is None:
+            server = jax.tree_util.tree_map(lambda a: a[0], loop.state.carry.server)
+            self.first_params = np.asarray(self.algorithm.params(server))
+        if self.probe is not None:
+            self.probes.append(self.probe())
 
 
 def window_summary(flush: np.ndarray, lookahead: int, width: int) -> dict[str, Any]:
@@ -209,78 +220,42 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, 
     if shard == "jobs" and ndev == 1:
         shard = None
     timed_task = _shrunk_eval(task)
-    program = build_program(timed_task, algorithm, local, schedule.num_slots,
-                            job_sharding=job_sharding() if shard == "jobs" else None, lookahead=lookahead)
-    sched = schedule_arrays(schedule)
     plan_seconds, windows = 0.0, None
-    if lookahead > 1:
+    if lookahead > 1:  # the host's plan, timed on its own (prepare_run computes it again)
         t0 = time.perf_counter()
         position, flush = lookahead_plan([schedule], lookahead)
         plan_seconds = time.perf_counter() - t0
-        sched = sched._replace(steps=sched.steps._replace(plan=LookaheadPlan(jnp.asarray(position),
-                                                                             jnp.asarray(flush))))
-    hp = stack_hparams(hp_replicas)
-    keys = jnp.stack([jax.random.PRNGKey(r.seed) for r in hp_replicas])
-    data = task_arrays(timed_task)
-    budget, shape = _light_budget_and_shape(timed_task, algorithm, local, sched, schedule.num_slots, lookahead, hp,
-                                            keys, data)
-
-    placed, over = {}, None
-    if shard == "replicas":
-        over, everywhere = replica_shardings(R)
-        hp, keys = jax.device_put(hp, over), jax.device_put(keys, over)
-        data, sched = jax.device_put(data, everywhere), jax.device_put(sched, everywhere)
-        placed = {"out_shardings": over}
-    init_fn = jax.jit(jax.vmap(program.init, in_axes=(None, 0, 0, None)), **placed)
-    chunk_fn = jax.jit(jax.vmap(program.chunk, in_axes=(0, None, 0, 0, None)), donate_argnums=(0,), **placed)
-
-    def part(c):
-        return jax.tree_util.tree_map(lambda a: a[c * chunk_len:(c + 1) * chunk_len], sched.steps)
-
-    parts = [part(c) for c in range(num_chunks)]
-    jax.block_until_ready(parts)
-
+    placement = make_placement(shard_jobs=shard == "jobs", shard_replicas=shard == "replicas")
+    run = prepare_run(timed_task, algorithm, schedule, local, eval_every=chunk_len, placement=placement,
+                      lookahead=lookahead, replicas=hp_replicas)
+    budget = run.budget()
+    timer = ChunkTimer(algorithm, probe)
+    loop = HostLoop(run, [timer])  # the engine's own host loop, as simulate drives it
+    placed = run.placed
     compile_init = init_run = math.nan
     if zero_init:
-        carry = _zero_carry(shape, lookahead)
-        if over is not None:
-            carry = jax.device_put(carry, over)
-        jax.block_until_ready(carry)
+        start = loop.initial_state(_zero_carry(run))
     else:
         t0 = time.perf_counter()
-        init_c = init_fn.lower(sched, hp, keys, data).compile()
+        init_c = loop.init_fn.lower(placed.inputs, placed.hp, placed.keys, placed.data).compile()
         compile_init = time.perf_counter() - t0
         t0 = time.perf_counter()
-        carry = init_c(sched, hp, keys, data)
+        carry = init_c(placed.inputs, placed.hp, placed.keys, placed.data)
         jax.block_until_ready(carry)
         init_run = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    chunk_c = chunk_fn.lower(carry, parts[0], hp, keys, data).compile()
-    compile_chunk = time.perf_counter() - t0
-    # With jobs sharded and lookahead on, the chunk returns the buffer's client/slot rows sharded over the devices
-    # while it was compiled for init's replicated ones (why simulate refuses shard_jobs with lookahead > 1); putting
-    # the carry where the compiled chunk expects it is a no-op otherwise.
-    carry_sharding = chunk_c.input_shardings[0][0]
-
-    # Chunk 0: warm-up (and the model after chunk_len steps, to check the baseline against).
-    t0 = time.perf_counter()
-    carry, out = chunk_c(carry, parts[0], hp, keys, data)
-    jax.block_until_ready((carry, out))
-    first_chunk = time.perf_counter() - t0
-    params_after_first = np.asarray(algorithm.params(jax.tree_util.tree_map(lambda a: a[0], carry.server)))
-
+        start = loop.initial_state(carry)
+    state = loop.run(start)  # chunk 0 is the warm-up (and compiles the chunk)
+    compile_chunk = loop.loop_compile_seconds
+    first_chunk = timer.seconds[0]
+    params_after_first = timer.first_params
     timed = list(range(1, num_chunks)) or [0]
-    if timed == [0]:  # a single chunk: time it again from a fresh state
-        carry = _zero_carry(shape, lookahead) if zero_init else init_c(sched, hp, keys, data)
-    chunk_seconds, probes = [], []
-    for c in timed:  # blocking after each chunk costs nothing measurable and gives per-chunk rates
-        t0 = time.perf_counter()
-        carry = jax.device_put(carry, carry_sharding)
-        carry, out = chunk_c(carry, parts[c], hp, keys, data)
-        jax.block_until_ready((carry, out))
-        chunk_seconds.append(time.perf_counter() - t0)
-        if probe is not None:
-            probes.append(probe())
+    chunk_seconds = timer.seconds[1:]
+    if timed == [0]:  # a single chunk: time it again from a fresh state (the compiled chunk is reused)
+        timer.seconds = []
+        state = loop.run(loop.initial_state(_zero_carry(run) if zero_init else None))
+        chunk_seconds = timer.seconds
+    probes = timer.probes[1:] if len(timer.probes) > 1 else timer.probes
+    carry = state.carry
     seconds = float(sum(chunk_seconds))
 
     steps = range(timed[0] * chunk_len, (timed[-1] + 1) * chunk_len)
@@ -331,8 +306,7 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, 
         "_params_after_first_chunk": params_after_first,
     }
     if full_eval:  # one full evaluation (what eval_every costs), measured on its own
-        eval_fn = jax.jit(jax.vmap(build_program(task, algorithm, local, schedule.num_slots).evaluate,
-                                   in_axes=(0, None)))
+        eval_fn = jax.jit(jax.vmap(make_evaluator(task.model), in_axes=(0, None)))
         xs = jax.vmap(algorithm.params)(carry.server)
         full_data = task_arrays(task)
         jax.block_until_ready(eval_fn(xs, full_data))
@@ -343,7 +317,7 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, 
             best_eval = min(best_eval, time.perf_counter() - t0)
         res["full_eval_seconds"] = best_eval
         res["final_test_accuracy"] = float(eval_fn(xs, full_data)["test_accuracy"][0])
-    del carry, out, chunk_c, parts
+    del carry, state, loop
     return res
 
 
@@ -362,7 +336,7 @@ def bench_baseline(task, algorithm, local, schedule, num_steps: int, hp_replica,
     """
     x0 = task.model.flat_params
     n = task.num_clients
-    if jax.tree_util.tree_leaves(algorithm.init_clients(x0, 1)) or algorithm.job_steps is not None:
+    if jax.tree_util.tree_leaves(algorithm.init_clients(x0, 1)) or algorithm.jobs.steps is not None:
         raise ValueError(f"the per-event loop does not support {algorithm.name} (client memory / per-job steps)")
     if noop:
         def local_fn(x, client, key, hp, data):  # raw uint32[2] keys (PRNGKey)
@@ -390,7 +364,7 @@ def bench_baseline(task, algorithm, local, schedule, num_steps: int, hp_replica,
     state = jax.tree_util.tree_map(jnp.copy, algorithm.init(x0, n))  # the calls donate it: never the task's x0
     pending: dict[int, jax.Array] = {}
     t0 = time.perf_counter()
-    if algorithm.init_round:  # every client at x0, then one server step with the n messages (as the engine)
+    if algorithm.init_round is not None:  # every client at x0, then one server step with the n messages (as the engine)
         msgs = tuple(client_job(x0, i, INIT_ROUND_STREAM, i, hp, task.train) for i in range(n))
         state = server_step(state, msgs, np.arange(n, dtype=np.int32), np.zeros(n, np.int32), -1, np.float32(0),
                             INIT_ROUND_STREAM, hp)

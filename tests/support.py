@@ -1,12 +1,9 @@
-"""Helpers shared by the test modules: a small deterministic FL problem, schedule padding, a job replay, and loading
-and running the scripts."""
+"""Helpers shared by the test modules: a small deterministic FL problem, schedule padding, a job replay, and the
+environment of a script run in a subprocess."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-import types
 from typing import Mapping
 
 import jax.numpy as jnp
@@ -83,16 +80,6 @@ def replay_jobs(s: Schedule) -> list[dict]:
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_script(name: str) -> types.ModuleType:
-    """Imports ``scripts/<name>.py`` as module ``name`` (registered in ``sys.modules``, which dataclasses defined in
-    the script need while their class is built)."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def script_env(fast_compile: bool = True, **extra: str) -> dict[str, str]:

@@ -104,7 +104,7 @@ def test_keyboard_interrupt_saves_and_resume_gives_the_same_history(task, schedu
                                                                     monkeypatch):
     ref, _ = reference
     folder = str(tmp_path / "ckpt")
-    monkeypatch.setattr(engine, "_progress_bar", lambda *a, **k: StoppingBar(3, raise_keyboard_interrupt))
+    monkeypatch.setattr(engine.callbacks, "progress_bar", lambda *a, **k: StoppingBar(3, raise_keyboard_interrupt))
     with pytest.raises(SimulationInterrupted, match=r"interrupted by KeyboardInterrupt; checkpoint saved") as info:
         # checkpoint_every=2 saves after chunk 2; the interrupt after chunk 3 saves chunk 3 as well
         simulate(task, algorithm(), schedule, LOCAL, checkpoint_dir=folder, checkpoint_every=2, **RUN)
@@ -125,7 +125,7 @@ def test_sigterm_saves_stops_and_restores_the_handler(task, schedule, reference,
     ref, _ = reference
     folder = str(tmp_path / "ckpt")
     before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(engine, "_progress_bar",
+    monkeypatch.setattr(engine.callbacks, "progress_bar",
                         lambda *a, **k: StoppingBar(2, lambda: os.kill(os.getpid(), signal.SIGTERM)))
     with pytest.raises(SimulationInterrupted, match=r"interrupted by SIGTERM; checkpoint saved .* after server step "
                                                     r"14 of 40") as info:
@@ -593,7 +593,7 @@ SLOW_CLI = """
 import sys, time
 from asyncfl_jax import cli, engine
 
-make_bar = engine._progress_bar
+make_bar = engine.callbacks.progress_bar
 
 def slow_bar(*args, **kwargs):
     bar = make_bar(*args, **kwargs)
@@ -601,7 +601,7 @@ def slow_bar(*args, **kwargs):
     bar.update = lambda n: (time.sleep(0.02), update(n))[1]
     return bar
 
-engine._progress_bar = slow_bar
+engine.callbacks.progress_bar = slow_bar
 sys.exit(cli.main(sys.argv[1:]))
 """
 

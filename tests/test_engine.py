@@ -226,7 +226,8 @@ def test_initial_jobs_in_groups_equal_one_group(task, name, monkeypatch):
     assert sched.init_clients.shape[0] == N
     alg = get_algorithm(name)
     one = simulate(task, alg, sched, LOCAL, seeds=[0, 1], eval_every=5, progress=False)
-    monkeypatch.setattr(engine, "INIT_BATCH", 5)  # 12 clients -> 3 groups, the last one padded with 3 empty rows
+    monkeypatch.setattr(engine.jobs, "INIT_BATCH", 5)  # 12 clients -> 3 groups, the last one padded with 3 empty rows
+    assert engine.prepare_run(task, alg, sched, LOCAL).program.init_batch == 5  # the engine reads the new size
     grouped = simulate(task, alg, sched, LOCAL, seeds=[0, 1], eval_every=5, progress=False)
     np.testing.assert_allclose(grouped.final_params, one.final_params, rtol=1e-5, atol=1e-6)
     for k in one.metrics:

@@ -22,7 +22,8 @@ from reference_asyncfeded import asyncfeded_reference
 from support import CLASSES, FEATURES, common_widths, toy_problem
 from test_checkpoint import StoppingBar, raise_keyboard_interrupt
 
-from asyncfl_jax import clocked, engine
+from asyncfl_jax import engine
+from asyncfl_jax.engine import clocks
 from asyncfl_jax.algorithms import asyncfeded, fedasync, get_algorithm
 from asyncfl_jax.checkpoint import SimulationInterrupted
 from asyncfl_jax.client import LocalConfig
@@ -142,7 +143,7 @@ def test_a_clocked_run_resumes_from_its_checkpoint_bit_for_bit(toy, tmp_path, mo
     alg = asyncfeded(initial_steps=3, max_steps=6)
     uninterrupted = run(task, alg, clock, hparams=FEDED_HP, eval_every=8)
     folder = str(tmp_path / "ckpt")
-    monkeypatch.setattr(engine, "_progress_bar", lambda *a, **k: StoppingBar(2, raise_keyboard_interrupt))
+    monkeypatch.setattr(engine.callbacks, "progress_bar", lambda *a, **k: StoppingBar(2, raise_keyboard_interrupt))
     with pytest.raises(SimulationInterrupted):
         run(task, alg, clock, hparams=FEDED_HP, eval_every=8, checkpoint_dir=folder)
     monkeypatch.undo()
@@ -158,13 +159,13 @@ def test_a_clocked_run_resumes_from_its_checkpoint_bit_for_bit(toy, tmp_path, mo
 def test_double_float_times_add_like_float64():
     rng = np.random.default_rng(0)
     a, b = rng.exponential(size=1000) * 1e3, rng.exponential(size=1000)
-    total = clocked.time_add(clocked.Time(*map(jnp.asarray, split_double(a))),
-                             clocked.Time(*map(jnp.asarray, split_double(b))))
+    total = clocks.time_add(clocks.Time(*map(jnp.asarray, split_double(a))),
+                             clocks.Time(*map(jnp.asarray, split_double(b))))
     got = np.asarray(total.hi, np.float64) + np.asarray(total.lo, np.float64)
     np.testing.assert_allclose(got, a + b, rtol=1e-13)
-    inf = clocked.time_add(clocked.Time(jnp.float32(jnp.inf), jnp.float32(0)), clocked.Time(jnp.float32(1), jnp.float32(0)))
+    inf = clocks.time_add(clocks.Time(jnp.float32(jnp.inf), jnp.float32(0)), clocks.Time(jnp.float32(1), jnp.float32(0)))
     assert float(inf.hi) == np.inf and float(inf.lo) == 0.0
-    index, smallest = clocked.earliest(clocked.Time(jnp.asarray([2.0, 1.0, 1.0]), jnp.asarray([0.0, 1e-8, 1e-8])))
+    index, smallest = clocks.earliest(clocks.Time(jnp.asarray([2.0, 1.0, 1.0]), jnp.asarray([0.0, 1e-8, 1e-8])))
     assert int(index) == 1 and float(smallest.hi) == 1.0
 
 

@@ -15,7 +15,7 @@ from support import common_widths, toy_problem
 
 from asyncfl_jax.algorithms import get_algorithm
 from asyncfl_jax.client import LocalConfig
-from asyncfl_jax.engine import _job_arrivals, lookahead_plan, lookahead_windows, simulate
+from asyncfl_jax.engine import job_arrivals, lookahead_plan, lookahead_windows, simulate
 from asyncfl_jax.timing import DelayModel, all_active, concurrent
 
 N = 12
@@ -47,7 +47,7 @@ def test_the_plan_trains_every_job_before_it_is_read(name):
                                         for t in range(1, len(flush)))
         flush_steps = np.flatnonzero(flush)
         for schedule in schedules:
-            for dispatched, arrival in _job_arrivals(schedule):
+            for dispatched, arrival in job_arrivals(schedule):
                 first_flush = flush_steps[np.searchsorted(flush_steps, dispatched)]
                 assert first_flush <= arrival, (dispatched, arrival)
     if name == "all_active":  # with 12 clients always active a window often spans several steps
@@ -85,7 +85,7 @@ def test_lookahead_resumes_from_a_checkpoint_bit_for_bit(task, tmp_path, monkeyp
     kw = dict(eval_every=10, progress=False, lookahead=4)
     uninterrupted = simulate(task, alg, schedule, LOCAL, **kw)
     folder = str(tmp_path / "ckpt")
-    monkeypatch.setattr(engine, "_progress_bar", lambda *a, **k: StoppingBar(2, raise_keyboard_interrupt))
+    monkeypatch.setattr(engine.callbacks, "progress_bar", lambda *a, **k: StoppingBar(2, raise_keyboard_interrupt))
     with pytest.raises(SimulationInterrupted):
         simulate(task, alg, schedule, LOCAL, checkpoint_dir=folder, **kw)
     monkeypatch.undo()

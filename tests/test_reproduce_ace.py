@@ -1,5 +1,6 @@
-"""scripts/reproduce_ace.py: its pieces (ACED's active-set sizes from a schedule, the dropout schedules, the budget and
-step-size rules of both scales, the claim checks) and a tiny end-to-end run of the CPU and paper paths."""
+"""asyncfl_jax.reproduce.ace (scripts/reproduce_ace.py): its pieces (ACED's active-set sizes from a schedule, the
+dropout schedules, the budget and step-size rules of both scales, the claim checks) and a tiny end-to-end run of the
+CPU and paper paths."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from support import ROOT, load_script, script_env
+from asyncfl_jax.reproduce import ace
 
-ace = load_script("reproduce_ace")
+from support import ROOT, script_env
 
 
 # ------------------------------------------------------------------------------------------------ budget, step sizes
@@ -158,12 +159,11 @@ def test_checks_compute_the_amplification_index_and_dropout_claims():
 
 @pytest.mark.slow
 def test_a_program_over_the_memory_budget_runs_in_halves(monkeypatch, capsys):
-    import asyncfl_jax.engine as engine
     from asyncfl_jax.data import partition, synthetic_leaf
     from asyncfl_jax.models.core import make_model
     from asyncfl_jax.task import make_task
 
-    real = engine.simulate
+    real = ace.simulate
     calls = []
 
     def budgeted(task, algorithm, schedules, **kwargs):
@@ -172,7 +172,7 @@ def test_a_program_over_the_memory_budget_runs_in_halves(monkeypatch, capsys):
             raise MemoryError("the simulation state needs more than 90% of the device memory")
         return real(task, algorithm, schedules, **kwargs)
 
-    monkeypatch.setattr(engine, "simulate", budgeted)
+    monkeypatch.setattr(ace, "simulate", budgeted)  # the name run_program looks up
     args = ace.parse_args(["--clients", "10", "--uploads", "40", "--seeds", "0", "1", "--betas", "5", "--evals", "4"])
     data = synthetic_leaf(num_clients=30, seed=0)
     task = make_task(data, partition("dirichlet", data.train_y, 10, seed=0, alpha=0.3),

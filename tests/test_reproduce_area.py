@@ -1,5 +1,6 @@
-"""scripts/reproduce_area.py: the paper's tables, the Poisson event model, the horizon cut, the metrics, and a tiny
-end-to-end run."""
+"""asyncfl_jax.reproduce.area (scripts/reproduce_area.py): the paper's tables, the Poisson event model, the horizon cut,
+the metrics, and a tiny end-to-end run (the wrapper that keeps the state at empty steps is tested in
+test_algorithm_wrappers.py)."""
 
 import json
 import math
@@ -10,14 +11,18 @@ import sys
 import numpy as np
 import pytest
 
-from support import ROOT, load_script, script_env
+from asyncfl_jax.algorithms import skip_empty_steps
+from asyncfl_jax.reproduce import area as area_module
+from asyncfl_jax.timing import client_rates, poisson_delays
+
+from support import ROOT, script_env
 
 SCRIPT = os.path.join(ROOT, "scripts", "reproduce_area.py")
 
 
 @pytest.fixture(scope="module")
 def area():
-    return load_script("reproduce_area")
+    return area_module
 
 
 def _env():
@@ -55,32 +60,32 @@ def test_every_paper_method_maps_to_a_project_algorithm(area):
     for method in (*area.PAPER_METHODS, *area.EXTRA_METHODS):
         name, options, kind, fixed = area.METHODS[method]
         assert name in REGISTRY and kind in ("synchronous", "buffered", "per_arrival")
-        area.skip_empty_steps(REGISTRY[name](**options))
+        skip_empty_steps(REGISTRY[name](**options))
 
 
 # ------------------------------------------------------------------------------------------------ event model
 def test_rates_are_a_truncated_normal_shared_by_every_protocol(area):
-    uniform = area.client_rates(64, 10.0, 0.0, seed=3)
+    uniform = client_rates(64, 10.0, 0.0, seed=3)
     assert np.all(uniform == 10.0)
-    rates = area.client_rates(2000, 10.0, 5.0, seed=0)
+    rates = client_rates(2000, 10.0, 5.0, seed=0)
     assert rates.min() > 0.0
     assert abs(np.median(rates) - 10.0) < 0.5 and 4.3 < rates.std() < 5.2  # N(10, 5^2) truncated at 0
-    np.testing.assert_array_equal(rates, area.client_rates(2000, 10.0, 5.0, seed=0))
-    assert not np.array_equal(rates, area.client_rates(2000, 10.0, 5.0, seed=1))
+    np.testing.assert_array_equal(rates, client_rates(2000, 10.0, 5.0, seed=0))
+    assert not np.array_equal(rates, client_rates(2000, 10.0, 5.0, seed=1))
     # The schedules of one trial carry the same rates whatever the protocol (common random numbers).
     setting = {"n": 16, "horizon": 2.0, "buffer": 4, "participants": 4}
-    levels = [area.poisson_delays(10.0, 5.0)]
+    levels = [poisson_delays(10.0, 5.0)]
     lam = [area.horizon_schedules(kind, setting, levels, [7])[0].info["poisson_rates"]["lambda"]
            for kind in ("synchronous", "buffered", "per_arrival")]
     assert lam[0] == lam[1] == lam[2]
-    np.testing.assert_allclose(lam[0], area.client_rates(16, 10.0, 5.0, seed=7))
+    np.testing.assert_allclose(lam[0], client_rates(16, 10.0, 5.0, seed=7))
 
 
 def test_arrivals_are_poisson_processes_with_the_client_rates(area):
     n, horizon = 32, 40.0
     setting = {"n": n, "horizon": horizon, "buffer": 4, "participants": 4}
     for std in (0.0, 5.0):
-        (sched,) = area.horizon_schedules("buffered", setting, [area.poisson_delays(10.0, std)], [0])
+        (sched,) = area.horizon_schedules("buffered", setting, [poisson_delays(10.0, std)], [0])
         lam = np.asarray(sched.info["poisson_rates"]["lambda"])
         real = sched.arrival_clients >= 0
         counts = np.bincount(sched.arrival_clients[real], minlength=n)
@@ -99,7 +104,7 @@ def test_arrivals_are_poisson_processes_with_the_client_rates(area):
 
 def test_the_horizon_cut_empties_the_late_steps_and_keeps_the_early_ones(area):
     setting = {"n": 8, "horizon": 3.0, "buffer": 4, "participants": 4}
-    levels = [area.poisson_delays(10.0, 0.0), area.poisson_delays(10.0, 5.0)]
+    levels = [poisson_delays(10.0, 0.0), poisson_delays(10.0, 5.0)]
     for kind in ("buffered", "synchronous", "per_arrival"):
         cut = area.horizon_schedules(kind, setting, levels, [0, 1, 2])
         assert len(cut) == 6 and len({c.num_steps for c in cut}) == 1
@@ -118,29 +123,6 @@ def test_the_horizon_cut_empties_the_late_steps_and_keeps_the_early_ones(area):
         np.testing.assert_array_equal(cut[-1].arrival_clients[:keep, :plain.buffer_width],
                                       plain.arrival_clients[:keep])
         np.testing.assert_array_equal(cut[-1].step_times, plain.step_times)
-
-
-def test_empty_steps_leave_the_server_state_unchanged(area):
-    import jax.numpy as jnp
-
-    from asyncfl_jax.algorithms import ServerMeta, get_algorithm
-
-    mifa = get_algorithm("mifa")  # re-applies its memory at every step, arrivals or not
-    wrapped = area.skip_empty_steps(mifa)
-    state = mifa.init(jnp.ones(5), 3)
-    state = mifa.server(state, jnp.ones((1, 5)), ServerMeta(clients=jnp.array([0]), mask=jnp.array([True]),
-                                                               staleness=jnp.array([0]), step=jnp.int32(0),
-                                                               time=jnp.float32(0.0)), {"server_lr": 1.0})
-    empty = ServerMeta(clients=jnp.array([-1]), mask=jnp.array([False]), staleness=jnp.array([0]),
-                       step=jnp.int32(1), time=jnp.float32(1.0))
-    moved = mifa.server(state, jnp.zeros((1, 5)), empty, {"server_lr": 1.0})
-    assert not np.allclose(moved.x, state.x)
-    kept = wrapped.server(state, jnp.zeros((1, 5)), empty, {"server_lr": 1.0})
-    np.testing.assert_array_equal(kept.x, state.x)
-    full = ServerMeta(clients=jnp.array([1]), mask=jnp.array([True]), staleness=jnp.array([2]), step=jnp.int32(1),
-                      time=jnp.float32(1.0))
-    np.testing.assert_array_equal(wrapped.server(state, jnp.ones((1, 5)), full, {"server_lr": 1.0}).x,
-                                  mifa.server(state, jnp.ones((1, 5)), full, {"server_lr": 1.0}).x)
 
 
 # ------------------------------------------------------------------------------------------------ data

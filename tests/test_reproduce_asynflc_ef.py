@@ -1,5 +1,6 @@
-"""scripts/reproduce_asynflc_ef.py: its window schedule, delay statistics, method names and bit costs, the paper's
-reference ratios, the paper-scale plan and the missing-data error, and a tiny end-to-end run (so it never rots)."""
+"""asyncfl_jax.reproduce.asynflc_ef (scripts/reproduce_asynflc_ef.py): its method names and bit costs, the paper's
+reference ratios, the paper-scale plan and the missing-data error, and a tiny end-to-end run (so it never rots). The
+window schedule and the delay statistics are tested in test_timing_window.py."""
 
 from __future__ import annotations
 
@@ -8,65 +9,18 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from asyncfl_jax.algorithms.compression import message_bits
-from asyncfl_jax.timing import DelayModel, job_durations_table, schedule_summary
+from asyncfl_jax.reproduce import asynflc_ef as R
 
-from support import ROOT, load_script, script_env
+from support import ROOT, script_env
 
 SCRIPT = os.path.join(ROOT, "scripts", "reproduce_asynflc_ef.py")
-R = load_script("reproduce_asynflc_ef")
 
 
 def _env(**extra):
     return script_env(fast_compile=False, **extra)
-
-
-def test_window_schedule_follows_the_digest_event_model():
-    n, T, W = 30, 12, 500.0
-    delays = R.delay_model()
-    s = R.window_schedule(n, T, W, delays, seed=3)  # validates itself
-    table = job_durations_table(n, delays, 3)
-    jobs = np.zeros(n, dtype=int)
-    np.testing.assert_array_equal(s.step_times, W * (np.arange(T) + 1))
-    for t in range(T):
-        came = s.arrival_clients[t][s.arrival_clients[t] >= 0]
-        # Every arrival of step t finished inside the window ((t W, (t+1) W]) and took the package's duration.
-        times = s.arrival_times[t][: came.size]
-        assert np.all(times <= (t + 1) * W) and np.all(times > t * W)
-        assert np.all(np.diff(times) >= 0)
-        start = s.arrival_versions[t][: came.size] * W
-        np.testing.assert_allclose(times - start, np.minimum(table.durations(came, jobs[came]), R.MAX_DURATION))
-        jobs[came] += 1
-        if t + 1 < T:  # ... and restarts from x_{t+1} when the window closes
-            nxt = s.dispatch_clients[t + 1][s.dispatch_clients[t + 1] >= 0]
-            assert sorted(nxt) == sorted(came)
-            assert np.all(s.dispatch_times[t + 1][: nxt.size] == (t + 1) * W)
-    assert 0 < schedule_summary(s)["staleness_max"] <= 1  # durations <= 1000 s = 2 W
-    # W >= the longest job: synchronous rounds of all n clients, staleness 0.
-    sync = R.window_schedule(n, 6, R.MAX_DURATION, delays, seed=3)
-    assert np.all(sync.uploads_per_step == n) and schedule_summary(sync)["staleness_max"] == 0
-    stats = R.delay_statistics(sync)
-    assert stats["tau_max"] == 0 and stats["tau_avg0"] == 0 and stats["S_mean"] == n and stats["S_min"] == n
-
-
-def test_delay_statistics_on_a_hand_computed_schedule():
-    # Every job takes 700 s, W = 500 s: a client reports every other window (at steps 1, 3, 5, ...) with staleness 1
-    # and starts again from the new model, so tau_t^i alternates 0, 1.
-    s = R.window_schedule(4, 8, 500.0, DelayModel.constant(700.0), seed=0)
-    assert list(s.uploads_per_step) == [0, 4] * 4
-    stats = R.delay_statistics(s)
-    assert stats["tau_max"] == 1 and stats["tau_avg0"] == 0.5 and stats["tau_avgm0"] == 0.5
-    # tau_avg1 averages the step mean at t - tau_t^i, which is always an even step (where every tau is 0).
-    assert stats["tau_avg1"] == 0.0 and stats["tau_avgm1"] == 0.0
-    assert stats["S_mean"] == 2.0 and stats["empty_rounds"] == 4 and stats["staleness_mean"] == 1.0
-    assert stats["participation_min"] == stats["participation_max"] == 0.5
-    # The package's immediate-restart window server: a client is re-sent x_t at once (no idling), so it reports
-    # more often than when it waits for the window to close.
-    wait, immediate = (R.window_schedules(20, 8, 500.0, [0], how)[0] for how in ("wait", "immediate"))
-    assert R.delay_statistics(immediate)["uploads"] > R.delay_statistics(wait)["uploads"]
 
 
 def test_method_names_algorithms_and_paper_bits():

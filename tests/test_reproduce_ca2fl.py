@@ -1,5 +1,5 @@
-"""scripts/reproduce_ca2fl.py: its arguments, the delay tables, the metrics, the paper path's data, and one tiny run
-end to end (so the script never rots)."""
+"""asyncfl_jax.reproduce.ca2fl (scripts/reproduce_ca2fl.py): its arguments, the delay tables, the metrics, the paper
+path's data, and one tiny run end to end (so the script never rots)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,17 @@ import sys
 import numpy as np
 import pytest
 
-from support import ROOT, load_script, script_env
+from asyncfl_jax.reproduce import ca2fl
+from asyncfl_jax.reproduce.data import CIFAR_STATS
+
+from support import ROOT, script_env
 
 SCRIPT = os.path.join(ROOT, "scripts", "reproduce_ca2fl.py")
 
 
 @pytest.fixture(scope="module")
 def repro():
-    return load_script("reproduce_ca2fl")
+    return ca2fl
 
 
 def test_scales_and_argument_checks(repro, capsys):
@@ -79,7 +82,7 @@ def test_method_plan_and_fedasync_hyperparameters(repro):
 
 def test_delay_tables_follow_the_boundary_refill_identity(repro):
     args = repro.parse_args(["--seeds", "0", "1", "--delay-rounds", "300"])
-    delays = repro.delay_statistics(args)
+    delays = repro.delay_tables(args)
     points = {(p["concurrency"], p["buffer"]): p for p in delays["protocol"]}
     assert set(points) == {(15, 10), (20, 10), (25, 10), (20, 5), (20, 15)} == set(repro.PAPER_DELAYS)
     for (mc, m), p in points.items():
@@ -114,8 +117,9 @@ def test_paper_path_reads_normalised_cifar_and_builds_the_paper_task(repro, tmp_
     assert repro.main([*sys_args(args), "--out", str(tmp_path / "none")]) == 2
     assert not (tmp_path / "none").exists()
     with tfds.testing.mock_data(num_examples=200, policy=tfds.testing.MockPolicy.USE_CODE):
-        ds = repro.load_dataset("cifar10", args)
-    raw = (ds.train_x * repro.CIFAR_STD + repro.CIFAR_MEAN)
+        ds = repro.load_setting_dataset("cifar10", args)
+    mean, std = (np.asarray(v, np.float32) for v in CIFAR_STATS[repro.CIFAR_NORMALISATION])
+    raw = (ds.train_x * std + mean)
     assert ds.input_shape == (32, 32, 3) and raw.min() >= -1e-5 and raw.max() <= 1 + 1e-5  # normalised per channel
     task, local, info = repro.make_setting_task(args.settings[0], ds, args)
     assert info["num_params"] == 2_218_314 and task.num_clients == 4  # the CA2FL CNN

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 
-from support import ROOT, load_script, script_env
+from asyncfl_jax.reproduce import bias_correction as demo
+
+from support import ROOT, script_env
 
 
 def test_bias_correction_demo_runs_and_writes_its_table(tmp_path, capsys):
-    demo = load_script("demo_bias_correction")
     out = tmp_path / "demo"
     code = demo.main(["--dataset", "synthetic", "--clients", "10", "--uploads", "60", "--seeds", "0",
                       "--spreads", "0", "1.5", "--out", str(out)])

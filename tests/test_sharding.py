@@ -67,7 +67,7 @@ CLIENTS_SCRIPT = textwrap.dedent(
     import re, tempfile
     import jax, jax.numpy as jnp, numpy as np
     assert jax.device_count() == 4, jax.devices()
-    from asyncfl_jax import LocalConfig, engine, make_model, make_schedule, make_task, simulate
+    from asyncfl_jax import LocalConfig, engine, make_model, make_schedule, make_task, simulate, task_arrays
     from asyncfl_jax import algorithms as A
     from asyncfl_jax.checkpoint import SimulationInterrupted
     from asyncfl_jax.data import synthetic_leaf
@@ -111,7 +111,7 @@ CLIENTS_SCRIPT = textwrap.dedent(
     program = engine.build_program(task, algorithm, local, all_active.num_slots)
     sched = engine.schedule_arrays(all_active)
     hp = engine.stack_hparams(engine.make_replicas(algorithm, [0]))
-    keys, arrays = jax.random.PRNGKey(0)[None], engine.task_arrays(task)
+    keys, arrays = jax.random.PRNGKey(0)[None], task_arrays(task)
     init = jax.vmap(program.init, in_axes=(None, 0, 0, None))
     shape = jax.eval_shape(init, sched, hp, keys, arrays)
     flags = engine.per_client_leaves(algorithm, task.model.flat_params, n)
@@ -119,7 +119,7 @@ CLIENTS_SCRIPT = textwrap.dedent(
     placement, everywhere = engine.client_shardings(shape, *flags, n)
     sched, hp, keys, arrays = jax.device_put((sched, hp, keys, arrays), everywhere)
     carry = jax.jit(init, out_shardings=placement)(sched, hp, keys, arrays)
-    steps = engine._slice_steps(sched.steps._replace(plan=()), 0, 8, replica_axis=False)
+    steps = engine.slice_steps(sched.steps._replace(plan=()), 0, 8, replica_axis=False)
     chunk = jax.jit(jax.vmap(program.advance, in_axes=(0, None, 0, 0, None)), out_shardings=(placement, everywhere))
     compiled = chunk.lower(carry, steps, hp, keys, arrays).compile()
     hlo = compiled.as_text()
@@ -144,15 +144,15 @@ CLIENTS_SCRIPT = textwrap.dedent(
             pass
     ref = simulate(task, A.ca2fl(), buffered, shard_clients=True, **kw)
     folder = tempfile.mkdtemp()
-    bar = engine._progress_bar
-    engine._progress_bar = lambda *a, **k: StopAt(2)
+    bar = engine.callbacks.progress_bar
+    engine.callbacks.progress_bar = lambda *a, **k: StopAt(2)
     try:
         simulate(task, A.ca2fl(), buffered, shard_clients=True, checkpoint_dir=folder, **kw)
     except SimulationInterrupted as e:
         assert e.saved and e.step == 16, (e.saved, e.step)
     else:
         raise AssertionError("the run should have been interrupted")
-    engine._progress_bar = bar
+    engine.callbacks.progress_bar = bar
     resumed = simulate(task, A.ca2fl(), buffered, shard_clients=True, checkpoint_dir=folder, resume=True, **kw)
     assert resumed.final_params.tobytes() == ref.final_params.tobytes()
     for k in ref.metrics:

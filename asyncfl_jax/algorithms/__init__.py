@@ -15,6 +15,7 @@ from asyncfl_jax.algorithms.compression import (COMPRESSORS, Compressor, asynfl,
                                                 with_compression_options)
 from asyncfl_jax.algorithms.fedasync import fedasync
 from asyncfl_jax.algorithms.memory import ace, aced, mifa
+from asyncfl_jax.algorithms.wrappers import skip_empty_steps
 
 REGISTRY: dict[str, Callable[..., Algorithm]] = {
     "fedavg": fedavg,
@@ -52,4 +53,4 @@ def get_algorithm(name: str, **options: Any) -> Algorithm:
 __all__ = ["Algorithm", "COMPRESSORS", "Compressor", "REGISTRY", "ServerMeta", "ServerState", "ace", "aced", "area",
            "as_fedavg", "asyncfeded", "asgd", "asynfl", "asynflc", "asynflc_ef", "ca2fl", "compressed", "delay_adaptive_asgd",
            "error_feedback", "fedasync", "fedavg", "fedbuff", "get_algorithm", "make_compressor", "message_bits",
-           "mf_ca2fl", "mifa", "staleness"]
+           "mf_ca2fl", "mifa", "skip_empty_steps", "staleness"]

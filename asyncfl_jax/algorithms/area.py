@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from asyncfl_jax.algorithms.base import (
     Algorithm,
     HParams,
+    JobPolicy,
     ServerMeta,
     ServerState,
     masked_weighted_sum,
@@ -106,7 +107,7 @@ def area(lr_schedule: str = "constant") -> Algorithm:
         init_clients=init_clients,
         hyperparams=hyperparams,
         options={"lr_schedule": lr_schedule},
-        local_hparams=local_hparams,
+        jobs=JobPolicy(hparams=local_hparams),
     )
 
 
@@ -119,4 +120,4 @@ def as_fedavg() -> Algorithm:
         mean = masked_weighted_sum(local_models, meta.mask.astype(local_models.dtype)) / jnp.maximum(count, 1)
         return ServerState(x=jnp.where(count > 0, mean, state.x))  # x_s <- (1/|S_t|) sum x_i^M
 
-    return model_only_algorithm("as_fedavg", server, hyperparams={}, client=upload_local_model)
+    return model_only_algorithm("as_fedavg", server, hyperparams={}, client=upload_local_model, upload="model")

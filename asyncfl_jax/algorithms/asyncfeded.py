@@ -38,7 +38,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from asyncfl_jax.algorithms.base import Algorithm, HParams, ServerMeta, no_client_state
+from asyncfl_jax.algorithms.base import Algorithm, HParams, JobPolicy, ServerMeta, no_client_state
 
 ROUNDINGS = ("floor", "trunc")
 TINY_NORM = 1e-12
@@ -135,6 +135,5 @@ def asyncfeded(initial_steps: int = 10, max_steps: int = 50, min_steps: int = 1,
         hyperparams=dict(HPARAMS),
         options={"initial_steps": initial_steps, "max_steps": max_steps, "min_steps": min_steps,
                  "adaptive_steps": adaptive_steps, "rounding": rounding, "discard_above": discard_above},
-        job_steps=job_steps,
-        max_job_steps=max_steps,
+        jobs=JobPolicy(steps=job_steps, max_steps=max_steps),
     )

@@ -7,25 +7,22 @@ An asynchronous FL algorithm is described by what each client sends and how the 
 * ``init_clients(x0, num_clients) -> client_state``: per-client memory kept *on the clients* (error-feedback
   residuals, AREA's ``y_i``), a pytree with a leading client axis; ``()`` when there is none.
 * ``client(x_start, result, client_state_i, hp) -> (message, client_state_i)``: turns one local-training result
-  (a delta or a gradient, see ``local_output``) computed from the model ``x_start`` into the message the client
-  uploads, and updates that client's memory. It runs once per job.
+  (a delta or a gradient, see ``upload``) computed from the model ``x_start`` into the message the client uploads,
+  and updates that client's memory. It runs once per job.
 * ``server(state, messages, meta, hp) -> state``: one server step on the ``M`` messages that arrive at it
   (``messages`` has a leading buffer axis; ``meta.mask`` marks real entries).
 * ``params(state) -> x``: the global model the server sends to clients and that is evaluated.
-* ``init_round``: when true, the run starts with an initialization round (ACE, ACED): every client computes its
-  result at ``x0`` and the server applies one step with all ``n`` messages; the schedule then starts from the model
-  that step produced (it is the schedule's ``x_0``).
-* ``init_round_in_groups``: the server may take the initialization round's ``n`` messages in groups (of
-  ``engine.INIT_BATCH``), one ``server`` call per group with ``hp["server_lr"] = 0`` for every group but the last,
-  because that gives the same state as one call with all ``n`` messages (true for the cache rules ACE, ACED and MIFA:
-  the groups fill the cache and the last call steps from the full cache). The engine then never holds the ``n``
-  messages at once, which is what lets n = 100,000 fit in memory.
-* ``local_hparams(state, hp) -> hp``: optional; the hyper-parameters that jobs dispatched now train with (AREA's
-  decreasing step size reads the server's event counter). ``None`` uses ``hp`` unchanged.
-* ``job_steps(state, clients, hp) -> steps``: optional; the number of local steps (int32, one per client in
-  ``clients``) of the jobs dispatched now, at most ``max_job_steps`` (AsyncFedED's adaptive K). ``None``: every job
-  runs ``local.steps`` steps. Under the in-scan event clock (:mod:`asyncfl_jax.timing.clock`) a job's compute time
-  scales with ``steps / local.steps``.
+
+Three more fields say what the engine must know, as data:
+
+* ``upload``: what a client uploads, ``"delta"`` (``x_K - x_start``, the default), ``"gradient"`` (one minibatch
+  gradient at ``x_start``: ACE, the ASGDs) or ``"model"`` (its local model ``x_start + delta``: FedAsync, AS-FedAvg).
+  Local training returns a gradient for ``"gradient"`` and a delta otherwise (:attr:`Algorithm.local_output`).
+* ``init_round``: an :class:`InitRound` when the run starts with an initialization round (ACE, ACED): every client
+  computes its result at ``x0`` and the server applies one step with all ``n`` messages; the schedule then starts
+  from the model that step produced (it is the schedule's ``x_0``). ``None``: no such round.
+* ``jobs``: a :class:`JobPolicy` when the server sets up the jobs it dispatches (AREA's step size, AsyncFedED's
+  number of local steps); the default leaves every job to ``hp`` and ``local.steps``.
 
 ``hp`` is a dict of scalar arrays (``server_lr``, ``alpha``...), read at call time so replicas can differ in them under
 ``vmap``; static choices (a staleness function, a normalization rule) are fixed when the algorithm is built.
@@ -68,6 +65,40 @@ class ServerState(NamedTuple):
     x: jax.Array
 
 
+UPLOADS = ("delta", "gradient", "model")
+
+
+class InitRound(NamedTuple):
+    """The initialization round: every client's result at ``x0`` goes to the server before step 0.
+
+    ``absorb(state, messages, meta, hp) -> state``: optional; folds a group of the round's messages into the server's
+    memory *without* stepping the model. With it, the engine trains the clients in groups (of ``engine.INIT_BATCH``),
+    absorbs every group but the last, and takes the server step (``server``) with the last one, which must equal one
+    ``server`` call with all ``n`` messages (true for the cache rules ACE, ACED and MIFA: the groups fill the cache and
+    the last call steps from the full cache). No ``n x d`` buffer of messages then exists, which is what lets n =
+    100,000 fit in memory. ``None``: the ``n`` messages are gathered and the server takes them in one call.
+    """
+
+    absorb: Callable[[Any, Any, "ServerMeta", "HParams"], Any] | None = None
+
+
+class JobPolicy(NamedTuple):
+    """How the server sets up the jobs it dispatches (read with the server state at dispatch).
+
+    Attributes:
+      hparams: ``(state, hp) -> hp``, the hyper-parameters the jobs dispatched now train with (AREA's decreasing step
+        size reads the server's event counter); ``None`` uses ``hp`` unchanged.
+      steps: ``(state, clients, hp) -> steps``, the number of local steps (int32, one per client) of the jobs
+        dispatched now, at most ``max_steps`` (AsyncFedED's adaptive K); ``None``: every job runs ``local.steps``.
+        Under the in-scan event clock a job's compute time scales with ``steps / local.steps``.
+      max_steps: the static upper bound of ``steps`` (needed with ``steps``).
+    """
+
+    hparams: Callable[[Any, "HParams"], "HParams"] | None = None
+    steps: Callable[[Any, jax.Array, "HParams"], jax.Array] | None = None
+    max_steps: int | None = None
+
+
 class Algorithm(NamedTuple):
     """A federated algorithm as pure functions (see the module docstring)."""
 
@@ -77,14 +108,16 @@ class Algorithm(NamedTuple):
     server: Callable[[Any, Any, ServerMeta, HParams], Any]
     params: Callable[[Any], jax.Array]
     init_clients: Callable[[jax.Array, int], Any]
-    local_output: str = "delta"
+    upload: str = "delta"
     hyperparams: Mapping[str, float] = {}
     options: Mapping[str, Any] = {}
-    init_round: bool = False
-    init_round_in_groups: bool = False
-    local_hparams: Callable[[Any, HParams], HParams] | None = None
-    job_steps: Callable[[Any, jax.Array, HParams], jax.Array] | None = None
-    max_job_steps: int | None = None
+    init_round: InitRound | None = None
+    jobs: JobPolicy = JobPolicy()
+
+    @property
+    def local_output(self) -> str:
+        """What local training returns for this algorithm: ``"gradient"`` or ``"delta"``."""
+        return "gradient" if self.upload == "gradient" else "delta"
 
 
 def init_model_only(x0: jax.Array, num_clients: int) -> ServerState:
@@ -113,9 +146,11 @@ def model_only_algorithm(
     hyperparams: Mapping[str, float],
     client: Callable[[jax.Array, jax.Array, Any, HParams], tuple[Any, Any]] = send_result,
     options: Mapping[str, Any] | None = None,
+    upload: str = "delta",
 ) -> Algorithm:
     """An :class:`Algorithm` whose server state is only the global model and whose clients keep no memory."""
     return Algorithm(
+        upload=upload,
         name=name,
         init=init_model_only,
         client=client,

@@ -103,7 +103,7 @@ def asgd(upload: str = "delta") -> Algorithm:
         return ServerState(x=state.x + direction * hp["server_lr"] * total)
 
     algorithm = model_only_algorithm("asgd", server, hyperparams={"server_lr": 1.0}, options={"upload": upload})
-    return algorithm._replace(local_output=upload)
+    return algorithm._replace(upload=upload)
 
 
 def delay_adaptive_asgd(upload: str = "gradient") -> Algorithm:
@@ -127,7 +127,7 @@ def delay_adaptive_asgd(upload: str = "gradient") -> Algorithm:
 
     algorithm = model_only_algorithm("delay_adaptive_asgd", server, hyperparams={"server_lr": 0.1, "tau_c": 10.0},
                                      options={"upload": upload})
-    return algorithm._replace(local_output=upload)
+    return algorithm._replace(upload=upload)
 
 
 def _check_upload(upload: str) -> None:

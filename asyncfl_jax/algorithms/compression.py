@@ -76,7 +76,6 @@ from asyncfl_jax.algorithms.base import (
     no_client_state,
     send_result,
 )
-from asyncfl_jax.algorithms.fedasync import upload_local_model
 
 DEFAULT_COMPRESSOR = "top_k"  # the paper's main setting, top3 (digest §1.5, A11)
 DEFAULT_FRACTION = 0.03
@@ -349,7 +348,7 @@ def _wrap(algorithm: Algorithm, compressor: str | Compressor, with_error_feedbac
     if "compressor" in algorithm.options:
         raise ValueError(f"{algorithm.name} already compresses its uploads (compressor "
                          f"{algorithm.options['compressor']!r}); wrap the uncompressed algorithm")
-    if algorithm.client is upload_local_model:
+    if algorithm.upload == "model":
         raise ValueError(f"{algorithm.name} uploads its local model, not a delta: compressing it is not supported")
     if isinstance(compression_seed, bool) or not isinstance(compression_seed, int):
         raise ValueError(f"compression_seed must be an integer, got {compression_seed!r}")

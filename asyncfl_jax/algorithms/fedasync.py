@@ -53,4 +53,5 @@ def fedasync(staleness: str = "constant") -> Algorithm:
         hyperparams={"alpha": 0.5, **staleness_lib.STALENESS_HPARAMS[staleness]},
         client=upload_local_model,
         options={"staleness": staleness},
+        upload="model",
     )

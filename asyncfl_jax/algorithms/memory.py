@@ -42,7 +42,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from asyncfl_jax.algorithms.base import Algorithm, HParams, ServerMeta, model_of, no_client_state, send_result
+from asyncfl_jax.algorithms.base import (Algorithm, HParams, InitRound, ServerMeta, model_of, no_client_state,
+                                         send_result)
 from asyncfl_jax.algorithms.cache import make_cache, replace_rows
 
 RULES = ("incremental", "direct")
@@ -85,7 +86,7 @@ def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def _memory_algorithm(name: str, direction: float, rule: str, cache: str, cache_rounding: str, init_round: bool,
-                      local_output: str, server_lr: float) -> Algorithm:
+                      upload: str, server_lr: float) -> Algorithm:
     """ACE (``direction = -1``, gradients) and MIFA (``+1``, deltas): ``x <- x + direction * eta * mean_i U_i``."""
     _check("rule", rule, RULES)
     store = make_cache(cache, cache_rounding)
@@ -93,7 +94,8 @@ def _memory_algorithm(name: str, direction: float, rule: str, cache: str, cache_
     def init(x0: jax.Array, num_clients: int) -> MemoryState:
         return MemoryState(x=x0, cache=store.init(num_clients, x0.shape[0]), cache_mean=jnp.zeros_like(x0))
 
-    def server(state: MemoryState, messages: jax.Array, meta: ServerMeta, hp: HParams) -> MemoryState:
+    def remember(state: MemoryState, messages: jax.Array, meta: ServerMeta) -> MemoryState:
+        """``U_j <- g_j`` for the arrivals, and the mean of the cache; the model is unchanged."""
         d = state.x.shape[0]
         n = jax.tree_util.tree_leaves(state.cache)[0].shape[0]
         r = replace_rows(store, state.cache, messages, meta.clients, meta.mask, meta.key)  # U_j <- g_j
@@ -101,7 +103,15 @@ def _memory_algorithm(name: str, direction: float, rule: str, cache: str, cache_
             mean = jnp.mean(store.read_all(r.store, d), axis=0)  # u_t = (1/n) sum_i U_i   (Alg. 1)
         else:
             mean = state.cache_mean + r.change / n  # u <- u + (g_j - U_j^old) / n   (Alg. a.5)
-        return MemoryState(x=state.x + direction * hp["server_lr"] * mean, cache=r.store, cache_mean=mean)
+        return MemoryState(x=state.x, cache=r.store, cache_mean=mean)
+
+    def server(state: MemoryState, messages: jax.Array, meta: ServerMeta, hp: HParams) -> MemoryState:
+        state = remember(state, messages, meta)
+        return state._replace(x=state.x + direction * hp["server_lr"] * state.cache_mean)  # w - eta u_t
+
+    def absorb(state: MemoryState, messages: jax.Array, meta: ServerMeta, hp: HParams) -> MemoryState:
+        del hp
+        return remember(state, messages, meta)  # the initialization round's groups fill the cache
 
     return Algorithm(
         name=name,
@@ -110,11 +120,10 @@ def _memory_algorithm(name: str, direction: float, rule: str, cache: str, cache_
         server=server,
         params=model_of,
         init_clients=no_client_state,
-        local_output=local_output,
+        upload=upload,
         hyperparams={"server_lr": server_lr},
         options={"rule": rule, "cache": cache, "cache_rounding": cache_rounding, "init_round": init_round},
-        init_round=init_round,
-        init_round_in_groups=True,  # the groups fill the cache; the last one steps (server_lr 0 before)
+        init_round=InitRound(absorb=absorb) if init_round else None,
     )
 
 
@@ -166,8 +175,9 @@ def aced(active: str = "since_report", cache: str = "float32", cache_rounding: s
                          t_start=jnp.zeros((num_clients,), jnp.int32),
                          cached_version=jnp.full((num_clients,), -1, jnp.int32))
 
-    def server(state: ACEDState, grads: jax.Array, meta: ServerMeta, hp: HParams) -> ACEDState:
-        d = state.x.shape[0]
+    def remember(state: ACEDState, grads: jax.Array, meta: ServerMeta) -> tuple[ACEDState, jax.Array]:
+        """``U_j <- g_j``, the versions and ``t_j^start <- t + 1`` of the arrivals; also returns the ages before the
+        resets. The model is unchanged."""
         n = state.t_start.shape[0]
         t = meta.step  # -1 for the initialization round: every client is in A, and t_start <- 0 afterwards
         r = replace_rows(store, state.cache, grads, meta.clients, meta.mask, meta.key)  # U_j <- g_j
@@ -178,16 +188,25 @@ def aced(active: str = "since_report", cache: str = "float32", cache_rounding: s
             age = t - state.t_start  # iterations since client i last reported (timestamps before the resets)
         else:
             age = t - cached_version  # age of the cached gradient
-        in_window = (age <= hp["tau_algo"]).astype(jnp.float32)  # A(t)
-        n_t = jnp.sum(in_window)
-        total = in_window @ store.read_all(r.store, d)  # sum_{i in A(t)} U_i
-        step = jnp.where(n_t > 0, hp["server_lr"] * total / jnp.maximum(n_t, 1.0), 0.0)  # skip when A(t) is empty
         return ACEDState(
-            x=state.x - step,
+            x=state.x,
             cache=r.store,
             t_start=state.t_start.at[arriving].set(t + 1, mode="drop"),  # t_j^start <- t + 1
             cached_version=cached_version,
-        )
+        ), age
+
+    def server(state: ACEDState, grads: jax.Array, meta: ServerMeta, hp: HParams) -> ACEDState:
+        d = state.x.shape[0]
+        state, age = remember(state, grads, meta)
+        in_window = (age <= hp["tau_algo"]).astype(jnp.float32)  # A(t)
+        n_t = jnp.sum(in_window)
+        total = in_window @ store.read_all(state.cache, d)  # sum_{i in A(t)} U_i
+        step = jnp.where(n_t > 0, hp["server_lr"] * total / jnp.maximum(n_t, 1.0), 0.0)  # skip when A(t) is empty
+        return state._replace(x=state.x - step)
+
+    def absorb(state: ACEDState, grads: jax.Array, meta: ServerMeta, hp: HParams) -> ACEDState:
+        del hp
+        return remember(state, grads, meta)[0]  # the initialization round's groups fill the cache
 
     return Algorithm(
         name="aced",
@@ -196,9 +215,8 @@ def aced(active: str = "since_report", cache: str = "float32", cache_rounding: s
         server=server,
         params=model_of,
         init_clients=no_client_state,
-        local_output="gradient",
+        upload="gradient",
         hyperparams={"server_lr": 0.1, "tau_algo": 10.0},
         options={"active": active, "cache": cache, "cache_rounding": cache_rounding, "init_round": init_round},
-        init_round=init_round,
-        init_round_in_groups=True,  # the groups fill the cache; the last one steps (server_lr 0 before)
+        init_round=InitRound(absorb=absorb) if init_round else None,
     )

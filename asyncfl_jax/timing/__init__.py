@@ -31,6 +31,12 @@ from asyncfl_jax.timing.stats import (
     schedule_summary,
     staleness_histogram,
 )
+from asyncfl_jax.timing.client_delays import client_delays, delay_statistics
+from asyncfl_jax.timing.horizon import build_past, cut_at_horizon, steps_within
+from asyncfl_jax.timing.padding import pad_to_common_widths
+from asyncfl_jax.timing.rates import PoissonRates, client_rates, draw_rates, poisson_delays, rates_info
+from asyncfl_jax.timing.rounds import wait_rounds
+from asyncfl_jax.timing.window import window_schedule
 
 __all__ = [
     "AGGREGATIONS",
@@ -58,4 +64,17 @@ __all__ = [
     "staleness_histogram",
     "suspension_table",
     "synchronous",
+    "PoissonRates",
+    "build_past",
+    "client_delays",
+    "client_rates",
+    "cut_at_horizon",
+    "delay_statistics",
+    "draw_rates",
+    "pad_to_common_widths",
+    "poisson_delays",
+    "rates_info",
+    "steps_within",
+    "wait_rounds",
+    "window_schedule",
 ]

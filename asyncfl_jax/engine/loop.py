@@ -1,0 +1,278 @@
+"""The host loop: a prepared :class:`Run`, compiled once, driven chunk by chunk with callbacks.
+
+:func:`prepare_run` validates the options, matches schedules to replicas, builds the program and places its inputs
+(all before anything is compiled; :meth:`Run.budget` is known then). :class:`HostLoop` jits the vmapped pieces
+(donating the carry), starts from the initial state or a restored one, and runs the chunks of ``eval_every`` steps:
+after each chunk it evaluates every replica's model and calls the callbacks (:mod:`asyncfl_jax.engine.callbacks`):
+progress, divergence warnings, early stop, checkpoints, metric writers, or the user's own. Scripts and benchmarks use
+the same loop (``HostLoop(run, callbacks).run()``), so nothing of the driver is written twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from asyncfl_jax import checkpoint
+from asyncfl_jax.algorithms.base import Algorithm
+from asyncfl_jax.client import LocalConfig
+from asyncfl_jax.engine.budget import MemoryBudget, memory_budget
+from asyncfl_jax.engine.history import make_history
+from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, stack_hparams
+from asyncfl_jax.engine.placement import Placed, ShardJobs, SingleDevice
+from asyncfl_jax.engine.step import Program
+from asyncfl_jax.engine.timelines import make_timeline
+from asyncfl_jax.task import Task, task_arrays
+
+METRIC_NAMES = ("test_accuracy", "test_loss", "train_loss")
+
+
+def check_count(name: str, value: Any, low: int = 1, note: str = "") -> int:
+    """``value`` as an int >= ``low``, else a ValueError naming the option."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}{note}, got {value!r}")
+    return int(value)
+
+
+@dataclasses.dataclass
+class Run:
+    """One experiment, prepared: replicas, timeline, program, placement and the carry's shapes (nothing compiled)."""
+
+    label: str
+    task: Task
+    algorithm: Algorithm
+    local: LocalConfig
+    replicas: list[Replica]
+    timeline: Any
+    program: Program
+    placement: SingleDevice
+    placed: Placed
+    carry_shape: Any
+    eval_every: int
+
+    @property
+    def num_steps(self) -> int:
+        return self.timeline.num_steps
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.num_steps // self.eval_every)
+
+    def budget(self) -> MemoryBudget:
+        """The memory the run's state and data need (per device when placed over several)."""
+        return memory_budget(self.carry_shape, self.placed.data, len(self.replicas), self.placed.carry)
+
+
+def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None = None,
+                seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None, eval_every: int = 100,
+                label: str | None = None, placement: SingleDevice | None = None, lookahead: int = 1,
+                replicas: Sequence[Replica] | None = None) -> Run:
+    """Validates and prepares a run (see :func:`~asyncfl_jax.engine.simulate.simulate` for the arguments).
+
+    ``replicas`` (optional) gives the replicas directly (e.g. from :func:`make_replicas`) instead of ``seeds`` x
+    ``hparams``; schedules given one per seed are then matched to the replicas' distinct seeds in order."""
+    lookahead = check_count("lookahead", lookahead, note=" (1: off)")
+    placement = placement or SingleDevice()
+    if lookahead > 1 and isinstance(placement, ShardJobs):
+        raise ValueError("lookahead > 1 cannot be combined with shard_jobs (the buffered jobs are not placed over the "
+                         "devices); use one of them, or shard_replicas")
+    local = local or LocalConfig()
+    if replicas is None:
+        replicas = make_replicas(algorithm, seeds, hparams)
+    else:
+        replicas = list(replicas)
+        seeds = list(dict.fromkeys(r.seed for r in replicas))
+    if local.use_momentum is False and any(r.hparams["momentum"] != 0 for r in replicas):
+        local = dataclasses.replace(local, use_momentum=True)
+    eval_every = check_count("eval_every", eval_every)
+    timeline = make_timeline(schedules, seeds, replicas, task.num_clients, eval_every, lookahead)
+    placement.check(len(replicas), task.num_clients)
+    program = timeline.program(task, algorithm, local, placement.constrain_jobs)
+    hp, keys, data = stack_hparams(replicas), replica_keys(replicas), task_arrays(task)
+    init = jax.vmap(program.init, in_axes=(timeline.input_axes, 0, 0, None))
+    carry_shape = jax.eval_shape(init, timeline.inputs, hp, keys, data)
+    placed = placement.place(carry_shape, hp, keys, data, timeline.inputs, timeline.input_axes, program)
+    return Run(label or algorithm.name, task, algorithm, local, replicas, timeline, program, placement, placed,
+               carry_shape, eval_every)
+
+
+@dataclasses.dataclass
+class ChunkUpdate:
+    """What a callback is told after each chunk: the evaluation at ``step`` of every replica.
+
+    Attributes:
+      label: the run's name.
+      step: server steps done; ``num_steps``: the run's total.
+      steps_done: server steps in this chunk.
+      seconds: wall time of the chunk's compiled program (its evaluation and compilation excluded).
+      metrics: name -> float array [R], this evaluation of every replica (NaN for a diverged one).
+      replicas: the replicas (seed and hyper-parameters of each).
+      diverged_at: int [R], the step at which each replica diverged (-1: finite).
+      newly_diverged: replicas whose divergence was found in this chunk.
+      loop: the :class:`HostLoop` (``loop.history()`` is the History so far).
+    """
+
+    label: str
+    step: int
+    num_steps: int
+    steps_done: int
+    seconds: float
+    metrics: dict[str, np.ndarray]
+    replicas: list[Replica]
+    diverged_at: np.ndarray
+    newly_diverged: list[int]
+    loop: "HostLoop"
+
+    def history(self) -> Any:
+        """The :class:`~asyncfl_jax.results.History` of the evaluations so far."""
+        return self.loop.history()
+
+
+class HostLoop:
+    """Runs a prepared :class:`Run` chunk by chunk (see the module docstring).
+
+    Callbacks are objects with any of ``on_start(loop)``, ``on_chunk(loop, update)``, ``on_interrupt(loop, error)``
+    (a ``KeyboardInterrupt`` while the chunks run; may raise another one) and ``on_end(loop, completed)``; a plain
+    function is called as ``fn(update)`` after each chunk. A callback may call :meth:`stop` to end the run early.
+    """
+
+    def __init__(self, run: Run, callbacks: Sequence[Any] = ()) -> None:
+        self.run_spec = run
+        self.callbacks = [c if hasattr(c, "on_chunk") or hasattr(c, "on_start") else _FunctionCallback(c)
+                          for c in callbacks]
+        program, timeline, placed = run.program, run.timeline, run.placed
+        self.init_fn = jax.jit(jax.vmap(program.init, in_axes=(timeline.input_axes, 0, 0, None)), **placed.init_jit)
+        chunk_axes = (0, timeline.chunk_axes, 0, 0, None)
+        self.chunk_fns = {frozen: jax.jit(jax.vmap(fn, in_axes=chunk_axes), donate_argnums=(0,), **placed.chunk_jit)
+                          for frozen, fn in ((False, program.advance), (True, program.frozen_advance))}
+        algorithm, evaluate = run.algorithm, program.evaluate
+
+        @jax.jit
+        def eval_fn(server: Any, data: Any) -> dict[str, jax.Array]:
+            # One replica after the other (lax.map, not vmap): a replica's evaluation is then the same computation
+            # whatever the number of replicas beside it (its metrics depend only on its own model).
+            return jax.lax.map(lambda p: evaluate(p, data), jax.vmap(algorithm.params)(server))
+
+        self.eval_fn = eval_fn
+        self.state: checkpoint.LoopState | None = None
+        self.compiled: dict[tuple[int, bool], Any] = {}
+        self.loop_compile_seconds = 0.0
+        self.excluded_seconds = 0.0
+
+    # ------------------------------------------------------------------------------------------------ state
+    @property
+    def finished(self) -> bool:
+        state = self.state
+        return state.stopped_early or state.next_chunk >= self.run_spec.num_chunks
+
+    def stop(self) -> None:
+        """Ends the run after the current chunk (the History says ``stopped_early``; callbacks later in the list
+        already see it)."""
+        self.state.stopped_early = True
+
+    def initial_state(self, carry: Any = None) -> checkpoint.LoopState:
+        """Compiles and runs the initialization (or starts from ``carry``, a vmapped carry of the run's shapes); the
+        first evaluation (step 0)."""
+        placed = self.run_spec.placed
+        t0 = time.perf_counter()
+        if carry is None:
+            carry = self.init_fn(placed.inputs, placed.hp, placed.keys, placed.data)
+        first = self.eval_fn(carry.server, placed.data)
+        jax.block_until_ready(first)
+        return checkpoint.LoopState(
+            next_chunk=0, eval_steps=[0], metrics={k: [np.asarray(first[k])] for k in METRIC_NAMES}, reported=set(),
+            stopped_early=False, compile_seconds=time.perf_counter() - t0, run_seconds=0.0, carry=carry)
+
+    def restored(self, state: checkpoint.LoopState) -> checkpoint.LoopState:
+        """A restored state with its carry on the devices a fresh run's carry would be (the same programs)."""
+        placed = self.run_spec.placed
+        t0 = time.perf_counter()
+        shardings = None
+        if placed.carry is not None:
+            shardings = self.init_fn.lower(placed.inputs, placed.hp, placed.keys, placed.data).compile().output_shardings
+        state.carry = jax.device_put(state.carry, shardings)
+        state.compile_seconds += time.perf_counter() - t0
+        return state
+
+    def update_times(self) -> None:
+        """Writes the compile and run seconds so far into the state (before it is saved or reported)."""
+        now = time.perf_counter()
+        self.state.compile_seconds = self._compile_before + self.loop_compile_seconds
+        self.state.run_seconds = (self._run_before + now - self._start_wall - self.loop_compile_seconds
+                                  - self.excluded_seconds)
+
+    def history(self) -> Any:
+        """The :class:`~asyncfl_jax.results.History` of the evaluations so far."""
+        self.update_times()
+        return make_history(self.run_spec, self.state)
+
+    # ------------------------------------------------------------------------------------------------ running
+    def run(self, state: checkpoint.LoopState | None = None) -> checkpoint.LoopState:
+        """Runs the remaining chunks from ``state`` (restored) or from the start; returns the final state."""
+        self.state = self.initial_state() if state is None else self.restored(state)
+        self._compile_before, self._run_before = self.state.compile_seconds, self.state.run_seconds
+        self._start_wall = time.perf_counter()
+        completed = False
+        self._call("on_start")
+        try:
+            while not self.finished:
+                update = self.run_chunk()
+                self._call("on_chunk", update)
+            completed = True
+        except KeyboardInterrupt as e:
+            self._call("on_interrupt", e)
+            raise
+        finally:
+            self._call("on_end", completed)
+        self.update_times()
+        return self.state
+
+    def _call(self, hook: str, *args: Any) -> None:
+        for callback in self.callbacks:
+            fn = getattr(callback, hook, None)
+            if fn is not None:
+                t0 = time.perf_counter()
+                try:
+                    fn(self, *args)
+                finally:
+                    self.excluded_seconds += time.perf_counter() - t0
+
+    def run_chunk(self) -> ChunkUpdate:
+        """One chunk of server steps for every replica, its evaluation, and the new loop state."""
+        run, placed, state = self.run_spec, self.run_spec.placed, self.state
+        start = state.next_chunk * run.eval_every
+        stop = min(start + run.eval_every, run.num_steps)
+        part = run.timeline.chunk_inputs(placed.inputs, start, stop, state.carry)
+        frozen = bool(state.reported)  # once a replica has diverged it is frozen (Program.frozen_advance)
+        variant = (stop - start, frozen)
+        if variant not in self.compiled:
+            tc = time.perf_counter()
+            self.compiled[variant] = self.chunk_fns[frozen].lower(state.carry, part, placed.hp, placed.keys,
+                                                                  placed.data).compile()
+            self.loop_compile_seconds += time.perf_counter() - tc
+        t0 = time.perf_counter()
+        carry, records = self.compiled[variant](state.carry, part, placed.hp, placed.keys, placed.data)
+        jax.block_until_ready(carry)
+        seconds = time.perf_counter() - t0
+        metrics = {k: np.asarray(v) for k, v in self.eval_fn(carry.server, placed.data).items()}
+        diverged = np.asarray(carry.diverged_at)
+        newly = sorted(set(np.flatnonzero(diverged >= 0).tolist()) - state.reported)
+        self.state = dataclasses.replace(  # one assignment: the state is always that of a whole number of chunks
+            state, carry=carry, next_chunk=state.next_chunk + 1, eval_steps=[*state.eval_steps, stop],
+            metrics={k: [*v, metrics[k]] for k, v in state.metrics.items()}, reported=state.reported | set(newly),
+            traces={k: [*state.traces.get(k, []), np.asarray(v)] for k, v in records.items()})
+        return ChunkUpdate(run.label, stop, run.num_steps, stop - start, seconds, {k: metrics[k] for k in METRIC_NAMES},
+                           run.replicas, diverged, newly, self)
+
+
+@dataclasses.dataclass
+class _FunctionCallback:
+    fn: Callable[[ChunkUpdate], Any]
+
+    def on_chunk(self, loop: HostLoop, update: ChunkUpdate) -> None:
+        del loop
+        self.fn(update)

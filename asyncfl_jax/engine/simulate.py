@@ -1,0 +1,80 @@
+"""``simulate``: the keywords of an experiment mapped onto the engine's pieces (prepare, host loop, callbacks)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Mapping, Sequence
+
+from asyncfl_jax.algorithms.base import Algorithm
+from asyncfl_jax.client import LocalConfig
+from asyncfl_jax.engine.callbacks import Checkpoints, DivergenceWarnings, ProgressBar, StopWhenAllDiverged
+from asyncfl_jax.engine.history import make_history
+from asyncfl_jax.engine.loop import HostLoop, check_count, prepare_run
+from asyncfl_jax.engine.placement import make_placement
+from asyncfl_jax.results import History
+from asyncfl_jax.task import Task
+
+logger = logging.getLogger("asyncfl_jax")
+
+
+def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None = None,
+             seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None, eval_every: int = 100,
+             progress: bool = True, label: str | None = None, shard_jobs: bool = False, shard_replicas: bool = False,
+             shard_clients: bool = False, lookahead: int = 1, checkpoint_dir: str | None = None,
+             checkpoint_every: int = 1, resume: bool = False, callbacks: Sequence[Any] = ()) -> History:
+    """Runs an experiment (all replicas as one vmapped program) and returns its :class:`History`.
+
+    Args:
+      task: model and data.
+      algorithm: the federated algorithm.
+      schedules: one :class:`~asyncfl_jax.timing.schedule.Schedule` shared by every replica, or one per seed (in the
+        order of ``seeds``); or :class:`~asyncfl_jax.timing.clock.EventClock` objects for the in-scan event clock
+        (job durations that depend on the training state).
+      local: local-training settings (default: ``LocalConfig()``).
+      seeds: training seeds; each seed is combined with every point of the hyper-parameter grid.
+      hparams: hyper-parameter values; a list sweeps over its values (see :func:`make_replicas`).
+      eval_every: evaluate the global model every this many server steps (and at the end).
+      progress: show a progress bar.
+      label: name of the run in the History (default: the algorithm's name).
+      shard_jobs, shard_replicas, shard_clients: spread the jobs of a step, the replicas, or the per-client state
+        over all devices (at most one; see :mod:`asyncfl_jax.engine.placement`). Results equal the single-device run
+        up to float rounding. ``shard_replicas`` needs a number of replicas, ``shard_clients`` a number of clients,
+        that is a multiple of the number of devices.
+      lookahead: lookahead batching (``L > 1``, pre-sampled schedules only): the jobs dispatched over up to ``L``
+        server steps are trained together in one vmapped call when the schedule shows that none of them is needed
+        before (see :func:`lookahead_plan`); ``History.lookahead`` reports the windows. The same results as
+        ``L = 1`` up to float rounding (a batched matmul may sum in another order).
+      checkpoint_dir: a folder for checkpoints (:class:`~asyncfl_jax.engine.callbacks.Checkpoints`): saved every
+        ``checkpoint_every`` chunks, after the last chunk, and when Ctrl-C or SIGTERM stops the run (which then raises
+        :class:`~asyncfl_jax.checkpoint.SimulationInterrupted`). None: no checkpoints, and the signals keep their
+        usual effect.
+      checkpoint_every: chunks between two checkpoints (>= 1).
+      resume: continue from the checkpoint in ``checkpoint_dir`` when there is one of this same run (else
+        :class:`~asyncfl_jax.checkpoint.CheckpointMismatchError` says what differs); the History then equals that
+        of an uninterrupted run bit for bit (not the timings). With ``resume=False`` a checkpoint is replaced.
+      callbacks: called after each evaluated chunk (:mod:`asyncfl_jax.engine.callbacks`): a function
+        ``fn(update)`` with the :class:`~asyncfl_jax.engine.loop.ChunkUpdate` (``update.metrics``, ``update.step``,
+        ``update.history()``...), or an object with ``on_start`` / ``on_chunk`` / ``on_end`` hooks, e.g.
+        ``CSVLogger(path)``.
+    """
+    check_count("checkpoint_every", checkpoint_every)
+    if resume and checkpoint_dir is None:
+        raise ValueError("resume=True needs a checkpoint_dir to resume from")
+    placement = make_placement(shard_jobs, shard_replicas, shard_clients)
+    run = prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead)
+    budget = run.budget()
+    if progress:
+        print(f"{run.label}: {budget.describe()}", file=sys.stderr, flush=True)
+    logger.info("%s: %s", run.label, budget.describe())
+    budget.check()
+    chain = [ProgressBar(progress), DivergenceWarnings(), StopWhenAllDiverged(), *callbacks]
+    state = None
+    if checkpoint_dir is not None:
+        saver = Checkpoints(checkpoint_dir, run, checkpoint_every)
+        chain.append(saver)
+        state = saver.restore() if resume else None
+        if state is not None and progress:
+            print(f"{run.label}: resuming from the checkpoint in {checkpoint_dir} after server step "
+                  f"{state.eval_steps[-1]} of {run.num_steps}", file=sys.stderr, flush=True)
+    return make_history(run, HostLoop(run, chain).run(state))

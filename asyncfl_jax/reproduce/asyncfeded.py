@@ -1,0 +1,551 @@
+"""The AsyncFedED paper's experiment (Wang et al. 2022; digest 001), on the in-scan event clock.
+
+Task: LEAF's Synthetic(1, 1) with 10 clients (``synthetic_leaf(num_clients=10, alpha=1, beta=1)``, its natural
+one-client-per-generator partition, 10% of each client held out for the pooled test set) and the paper's MLP
+60-200-200-10. Every method runs its paper preset (``asyncfl_jax.presets``, ``asyncfeded/synthetic/<method>``): SGD
+with momentum 0.5, K = 10 local steps of batch 10, local learning rate 0.01, and
+
+=================  ===========================================================  =====================================
+method             rule (preset hyper-parameters)                               protocol
+=================  ===========================================================  =====================================
+AsyncFedED         x += lambda / (gamma + eps) Delta_i, K_i adapted towards     ``EventClock``: every client always
+                   gamma_bar (lambda 5, eps 5, gamma_bar 3, kappa 1, K <= 50)   training, one arrival per server step,
+FedAsync+Constant  x = (1 - alpha) x + alpha x_i (alpha 0.1)                    a job of K steps takes K/10 times the
+FedAsync+Hinge     alpha_t = alpha s(tau), hinge a = 5, b = 5 (alpha 0.1)       compute time of a job of 10
+FedAvg             mean of the 10 local models                                  ``synchronous`` rounds of all
+FedProx            FedAvg with the proximal term mu = 0.1                       available clients
+=================  ===========================================================  =====================================
+
+Virtual time (digest section 4.2, mapped onto ``DelayModel``). Compute is homogeneous: a job of K = 10 steps takes
+``comm_time + eps`` with ``eps = exp(N(0, 0.1^2))`` (``speed="constant"``, ``noise="lognormal"``, so one unit of
+virtual time is the compute time of one 10-step job) and ``comm_time = 0.2`` (communication ~20% of compute). The
+``DelayModel`` has no separate communication noise, so the small log-normal spread on the compute part stands for
+the paper's random transmission coefficient. Suspensions: after each upload a client is suspended with probability P
+for an exponential time of mean 1.2 (about one round; the digest's mild reading of the paper's "hang time"). The
+synchronous methods use ``asyncfl_jax.timing.synchronous``: a round takes the clients available at its start (a
+suspended client sits the round out) and lasts until its slowest participant reports; with
+``--sync-suspensions wait`` the round instead waits for every client, a suspended one starting when it returns (the
+digest's reading of the paper's FedAvg). Every method gets the same fixed budget of virtual time (the synchronous
+ones enough rounds to cover it) and is compared on the time axis (``History.times``).
+
+Reported per (method, P), as the paper's Fig. 3: the maximum test accuracy within the budget and the time to reach 90%
+of that run's own maximum; also the time to reach a common absolute accuracy (``--target``), since the 90%-of-own-max
+metric rewards a low plateau. Each metric is computed per seed and averaged (mean and std over seeds). Plus the
+paper's Fig. 4 ablation: AsyncFedED with a constant K (``asyncfeded/synthetic/asyncfeded_constant_k``) against the
+adaptive K, at P = 0.1. Expected direction (paper): AsyncFedED converges faster than every baseline for every P and
+stays stable as P grows while FedAsync degrades at large P; adaptive K beats every constant K.
+
+How the runs are batched. Seeds and suspension probabilities are one vmapped replica axis: replica (P_j, seed s) has
+the training seed ``1000 j + s`` and the event clock (or schedule) of timing seed ``s`` with suspension probability
+P_j, so every method sees the same timing streams for the same (P, seed). Methods that differ only in a
+hyper-parameter share one compiled program: FedAvg and FedProx (``prox_mu`` 0 and 0.1), and FedAsync+Constant and
++Hinge (Constant is run as the hinge rule with ``a = 0``, which is ``s(tau) = 1`` exactly). The event clock's run
+length is a number of server steps, not a time: it is computed so that every replica covers the budget (exactly for
+state-independent durations; for AsyncFedED, whose durations follow K, a run that falls short is run again longer).
+
+Not reproduced: FEMNIST (CNN) and Shakespeare (LSTM): this project has no loader for LEAF's FEMNIST or Shakespeare
+data and no LSTM model, so ``--task femnist`` / ``--task shakespeare`` stop with an error and ``--scale paper`` runs
+Synthetic(1, 1) only; the paper's local learning-rate decay of 0.995 per round (constant here); wall-clock time (the
+paper's time axis is real seconds of a 10-process emulation; here it is virtual time).
+
+The command is ``scripts/reproduce_asyncfeded.py`` (examples in its docstring, options in ``--help``).
+
+``--scale cpu``: budget 40 time units (about 330 server updates at P = 0), P in {0, 0.5, 0.9}, seeds 0 and 1,
+ablation K in {5, 10, 20} at P = 0.1. ``--scale paper``: P in {0, 0.1, ..., 0.9}, seeds 0-4, ablation K in
+{5, 10, 15, 20}, budget 60 units: the paper's 300 s with the digest's calibration of the clock (section 4.2: a 300 s
+budget yields a few hundred server updates), i.e. 5 s per unit, about 500 server updates at P = 0. Virtual time has
+no natural unit in seconds; ``--budget`` sets another. The runs reach their plateaus within about 5 (AsyncFedED) to
+30 units, so a much longer budget only flattens the max-accuracy metric. At ``--scale cpu`` about a third of the time
+is compilation (5-15 s for each of the six programs) and a third the AsyncFedED run, whose jobs run as many local
+steps as the largest K among its replicas and which needs the most server steps (its K falls to about 4 at P = 0).
+
+It writes ``table.md``, ``results.json`` (per (method, P) means and stds, and every run's evaluations),
+``accuracy.png`` (test accuracy against virtual time, mean over seeds, one panel per P), ``metrics_vs_p.png`` (the
+Fig. 3 metrics and the time to the common target against P) and ``ablation.png`` (Fig. 4) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from asyncfl_jax import (Algorithm, EventClock, History, LocalConfig, Schedule, Task, get_algorithm, make_model,
+                         make_task, simulate)
+from asyncfl_jax.data import synthetic_leaf
+from asyncfl_jax.presets import get_preset
+from asyncfl_jax.reproduce.curves import finite_mean_std, first_passage, mean_on_grid
+from asyncfl_jax.reproduce.report import (distinct_seeds_problem, label_axes, log_program, pyplot, round_up,
+                                          save_png, write_outputs, yes_no)
+from asyncfl_jax.timing import (DelayModel, all_active, build_past, pad_to_common_widths, steps_within, synchronous,
+                                wait_rounds)
+
+METHODS = ("AsyncFedED", "FedAsync+Constant", "FedAsync+Hinge", "FedAvg", "FedProx")
+PRESETS = {"AsyncFedED": "asyncfeded", "FedAsync+Constant": "fedasync_constant", "FedAsync+Hinge": "fedasync_hinge",
+           "FedAvg": "fedavg", "FedProx": "fedprox"}
+BASELINES = METHODS[1:]
+TASKS = ("synthetic", "femnist", "shakespeare")
+UNAVAILABLE = ("the paper's {task} task is not available in this project: it has no loader for LEAF's FEMNIST or "
+               "Shakespeare data (and no LSTM for Shakespeare); only Synthetic(1, 1) can be reproduced "
+               "(--task synthetic, which --scale paper runs at the paper's budget and 5 seeds)")
+SCALES = {
+    # budget (virtual time units), suspension probabilities, seeds, constant K of the ablation, evaluations
+    "cpu": {"budget": 40.0, "probs": [0.0, 0.5, 0.9], "seeds": [0, 1], "ablation_k": [5, 10, 20], "evals": 60},
+    "paper": {"budget": 60.0, "probs": [round(0.1 * i, 1) for i in range(10)], "seeds": [0, 1, 2, 3, 4],
+              "ablation_k": [5, 10, 15, 20], "evals": 120},
+}
+QUICK = {"budget": 12.0, "probs": [0.0, 0.9], "seeds": [0], "ablation_k": [5], "evals": 24}
+ADAPTIVE_MARGIN = 2.2  # AsyncFedED's first guess of its steps: this many times those of K = 10 jobs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``scripts/reproduce_asyncfeded.py``."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scale", choices=list(SCALES), default="cpu",
+                   help="cpu: budget 40, P in {0, 0.5, 0.9}, 2 seeds (default); paper: budget 60 (300 s at 5 s per "
+                        "unit), P = 0, 0.1, ..., 0.9, 5 seeds")
+    p.add_argument("--task", choices=TASKS, default="synthetic",
+                   help="only synthetic is available (FEMNIST and Shakespeare are not in this project)")
+    p.add_argument("--quick", action="store_true", help="about a minute: budget 12, P in {0, 0.9}, one seed, K = 5")
+    p.add_argument("--budget", type=float, default=None, help="virtual-time budget (default: from --scale)")
+    p.add_argument("--probs", type=float, nargs="+", default=None, help="suspension probabilities P")
+    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--ablation-prob", type=float, default=0.1, help="P of the constant-K ablation (paper: 0.1)")
+    p.add_argument("--ablation-k", type=int, nargs="*", default=None, help="constant K values of the ablation")
+    p.add_argument("--target", type=float, default=0.85, help="common absolute test accuracy for the time-to-target")
+    p.add_argument("--comm-time", type=float, default=0.2, help="communication time per job")
+    p.add_argument("--noise-sigma", type=float, default=0.1, help="log-normal spread of the job times")
+    p.add_argument("--suspension-mean", type=float, default=1.2, help="mean suspension length (about one round)")
+    p.add_argument("--sync-suspensions", choices=["skip", "wait"], default="skip",
+                   help="synchronous rounds under suspensions: skip (the package's synchronous: a suspended client "
+                        "sits the round out) or wait (the round waits for it)")
+    p.add_argument("--evals", type=int, default=None, help="evaluations per run within the budget (about)")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--out", default="results/reproduce_asyncfeded")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments with the scale's defaults filled in and checked (a bad one exits with a usage error)."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    defaults = dict(QUICK if args.quick else SCALES[args.scale])
+    for name in ("budget", "probs", "seeds", "ablation_k", "evals"):
+        if getattr(args, name) is None:
+            setattr(args, name, defaults[name])
+    if not args.budget > 0:
+        p.error(f"--budget must be > 0, got {args.budget}")
+    if any(not 0 <= q <= 1 for q in [*args.probs, args.ablation_prob]):
+        p.error("suspension probabilities must be in [0, 1]")
+    if distinct_seeds_problem(args.seeds):
+        p.error(distinct_seeds_problem(args.seeds))
+    args.probs = sorted(set(args.probs))
+    return args
+
+
+# ------------------------------------------------------------------------------------------------ virtual time
+def delay_model(args: argparse.Namespace, prob: float, k_scale: float = 1.0) -> DelayModel:
+    """Homogeneous compute (speed ``k_scale``), log-normal job noise, a fixed communication time, suspensions."""
+    return DelayModel(speed="constant", speed_value=k_scale, noise="lognormal", noise_sigma=args.noise_sigma,
+                      comm_time=args.comm_time, suspension_prob=prob, suspension_mean=args.suspension_mean)
+
+
+def async_steps(args: argparse.Namespace, n: int, probs: list[float], seeds: list[int], k_scale: float = 1.0) -> int:
+    """Server steps an all-active run of jobs ``k_scale`` times as long as a 10-step job needs to pass the budget on
+    every (P, seed): the event clock's events are then those of ``all_active`` (exact, not an estimate)."""
+    needed = 1
+    for prob in probs:
+        delays = delay_model(args, prob, k_scale)
+        rate = n / (args.comm_time + k_scale + prob * args.suspension_mean)  # arrivals per unit of time, about
+        for seed in seeds:
+            schedule, _ = build_past(lambda steps: all_active(n, steps, delays, seed), args.budget,
+                                     int(1.3 * args.budget * rate) + 20)
+            needed = max(needed, steps_within(schedule, args.budget) + 1)
+    return needed
+
+
+def sync_schedules(args: argparse.Namespace, n: int, probs: list[float], seeds: list[int]) -> list[Schedule]:
+    """One synchronous schedule per (P, seed), all with the rounds that the slowest needs to pass the budget and
+    padded to common widths (so that they run as one vectorized program)."""
+    def build(prob: float, seed: int, rounds: int) -> Schedule:
+        delays = delay_model(args, prob)
+        return wait_rounds(n, rounds, delays, seed) if args.sync_suspensions == "wait" else synchronous(
+            n, rounds, delays, seed)
+
+    rounds = int(args.budget / (args.comm_time + 1.0)) + 5
+    while True:
+        schedules = [build(prob, seed, rounds) for prob in probs for seed in seeds]
+        if min(s.step_times[-1] for s in schedules) > args.budget:
+            break
+        rounds *= 2
+    needed = max(steps_within(s, args.budget) + 1 for s in schedules)
+    return pad_to_common_widths([s.truncate(needed) for s in schedules])
+
+
+# ------------------------------------------------------------------------------------------------ the runs
+def local_config(preset: dict) -> tuple[LocalConfig, dict]:
+    """A preset's local training and its local hyper-parameters (step size, momentum)."""
+    loc = preset["local"]
+    local = LocalConfig(steps=loc["steps"], batch_size=loc["batch_size"], use_momentum=loc["momentum"] > 0)
+    return local, {"client_lr": loc["lr"], "momentum": loc["momentum"]}
+
+
+def training_seed(prob_index: int, seed: int) -> int:
+    """The training seed of replica (P_j, seed s): ``1000 j + s``."""
+    return 1000 * prob_index + seed
+
+
+def run_group(task: Task, name: str, preset: dict, options: dict, hparams: dict, variants: list[tuple[str, dict]],
+              settings: list[tuple[float, int, int]], args: argparse.Namespace, k_scale: float = 1.0) -> list[dict]:
+    """Runs one compiled program: every (variant, P, seed) as a replica. ``variants`` are (label, swept value)
+    pairs of at most one swept hyper-parameter; ``settings`` are (P, prob_index, seed). Returns one record per
+    (variant, P, seed) with its evaluation times, accuracies and (AsyncFedED) local step counts."""
+    local, local_hp = local_config(preset)
+    algorithm = get_algorithm(preset["algorithm"], **options)
+    hp = {**local_hp, **hparams}
+    for key in {k for _, v in variants for k in v}:
+        hp[key] = [v[key] for _, v in variants]
+    seeds = [training_seed(j, s) for _, j, s in settings]
+    started = time.perf_counter()
+    if preset["protocol"]["name"] == "synchronous":
+        probs = sorted({q for q, _, _ in settings})
+        timing_seeds = sorted({s for _, _, s in settings})
+        by_setting = dict(zip([(q, s) for q in probs for s in timing_seeds],
+                              sync_schedules(args, task.num_clients, probs, timing_seeds)))
+        history = simulate(task, algorithm, [by_setting[(q, s)] for q, _, s in settings], local=local, seeds=seeds,
+                           hparams=hp, eval_every=1, progress=False, label=name)
+    else:
+        adaptive = preset["algorithm"] == "asyncfeded" and options.get("adaptive_steps", True)
+        history = run_over_budget(task, algorithm, name, settings, args, k_scale, adaptive,
+                                  dict(local=local, seeds=seeds, hparams=hp, progress=False, label=name))
+    log_program(name, history, time.perf_counter() - started, width=22)
+    return group_records(history, settings, variants, seeds, args)
+
+
+def run_over_budget(task: Task, algorithm: Algorithm, name: str, settings: list[tuple[float, int, int]],
+                    args: argparse.Namespace, k_scale: float, adaptive: bool, run: dict) -> History:
+    """A program of the event clock (``settings``: (P, prob_index, seed)) whose every replica passes the budget:
+    the steps that ``all_active`` needs (times ``ADAPTIVE_MARGIN`` for AsyncFedED's adaptive K), run again longer
+    while a replica falls short. ``run`` holds the other arguments of :func:`asyncfl_jax.simulate`."""
+    n = task.num_clients
+    steps = async_steps(args, n, sorted({q for q, _, _ in settings}), sorted({s for _, _, s in settings}), k_scale)
+    rate = n / (args.comm_time + k_scale)  # arrivals per unit of time at P = 0
+    eval_every = max(1, int(round(args.budget / args.evals * rate)))
+    if adaptive:
+        steps = int(steps * ADAPTIVE_MARGIN)  # K moves the job lengths; re-run longer below if it falls short
+    while True:
+        steps = round_up(steps, eval_every)  # one chunk size: one compilation
+        clocks = [EventClock(n, steps, delay_model(args, q), s) for q, _, s in settings]
+        history = simulate(task, algorithm, clocks, eval_every=eval_every, **run)
+        ends = history.times[:, -1]
+        if ends.min() > args.budget or history.stopped_early:
+            return history
+        grow = max(1.3 * args.budget / max(float(ends.min()), 1e-9), 1.3)
+        print(f"{name}: {steps} steps cover only {ends.min():.1f} < {args.budget:g} time units; running "
+              f"{int(steps * grow)} steps", file=sys.stderr, flush=True)
+        steps = int(steps * grow)
+
+
+def group_records(history: History, settings: list[tuple[float, int, int]], variants: list[tuple[str, dict]],
+                  seeds: list[int], args: argparse.Namespace) -> list[dict]:
+    """One record per (setting, variant) replica: its curves and (AsyncFedED) mean K within the budget."""
+    records = []
+    nv = len(variants)
+    for i, (q, j, s) in enumerate(settings):
+        for v, (label, _) in enumerate(variants):
+            r = i * nv + v  # replicas: for each seed, every swept value
+            times, acc = history.times[r], history.metrics["test_accuracy"][r]
+            rec = {"method": label, "prob": q, "seed": s, "training_seed": seeds[i], "times": times.tolist(),
+                   "accuracy": acc.tolist(), "uploads": history.uploads[r].tolist(),
+                   "diverged_at": int(history.diverged_at[r])}
+            if history.job_steps is not None:
+                step_times = np.asarray(history.realized_schedules[r].step_times)
+                within = history.job_steps[r][: int(np.searchsorted(step_times, args.budget, side="right"))]
+                rec["mean_k"] = float(within.mean()) if within.size else None
+            records.append(rec)
+    return records
+
+
+def run_all(args: argparse.Namespace) -> list[dict]:
+    """Every program: AsyncFedED (main grid and ablation P), the constant-K ablation, the two FedAsyncs together and
+    FedAvg / FedProx together, on Synthetic(1, 1) with the paper's MLP."""
+    dataset = synthetic_leaf(num_clients=10, alpha=1.0, beta=1.0, seed=0)
+    model = make_model("mlp", dataset.input_shape, dataset.num_classes, seed=0, hidden=(200, 200))
+    task = make_task(dataset, dataset.natural_partition, model)
+    args.test_examples = int(len(dataset.test_y))
+    presets = {m: get_preset(f"asyncfeded/{args.task}/{PRESETS[m]}") for m in METHODS}
+    probs = list(args.probs)
+    main = [(q, j, s) for j, q in enumerate(probs) for s in args.seeds]
+    ablation_index = probs.index(args.ablation_prob) if args.ablation_prob in probs else len(probs)
+    ablation = [(args.ablation_prob, ablation_index, s) for s in args.seeds]
+    records: list[dict] = []
+    if "AsyncFedED" in args.methods or args.ablation_k:
+        pre = presets["AsyncFedED"]
+        settings = main if ablation_index < len(probs) else main + ablation
+        if "AsyncFedED" not in args.methods:
+            settings = ablation
+        records += run_group(task, "AsyncFedED", pre, pre["options"], pre["hparams"], [("AsyncFedED", {})],
+                             settings, args)
+    for k in args.ablation_k:
+        pre = get_preset(f"asyncfeded/{args.task}/asyncfeded_constant_k")
+        options = {**pre["options"], "initial_steps": k, "max_steps": max(k, pre["options"].get("max_steps", 50))}
+        records += run_group(task, f"AsyncFedED constant K={k}", pre, options, pre["hparams"],
+                             [(f"AsyncFedED K={k}", {})], ablation, args, k_scale=k / pre["local"]["steps"])
+    fedasync = [m for m in ("FedAsync+Constant", "FedAsync+Hinge") if m in args.methods]
+    if fedasync:
+        const, hinge = presets["FedAsync+Constant"], presets["FedAsync+Hinge"]
+        if const["hparams"]["alpha"] != hinge["hparams"]["alpha"]:
+            raise SystemExit("the FedAsync presets have different alphas; they cannot share one program")
+        a = {"FedAsync+Constant": 0.0, "FedAsync+Hinge": hinge["hparams"]["staleness_a"]}
+        records += run_group(task, "FedAsync", hinge, hinge["options"],
+                             {k: v for k, v in hinge["hparams"].items() if k != "staleness_a"},
+                             [(m, {"staleness_a": a[m]}) for m in fedasync], main, args)
+    sync = [m for m in ("FedAvg", "FedProx") if m in args.methods]
+    if sync:
+        mu = {"FedAvg": presets["FedAvg"]["hparams"].get("prox_mu", 0.0),
+              "FedProx": presets["FedProx"]["hparams"]["prox_mu"]}
+        records += run_group(task, "FedAvg/FedProx", presets["FedProx"], presets["FedProx"]["options"], {},
+                             [(m, {"prox_mu": mu[m]}) for m in sync], main, args)
+    return records
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+def run_metrics(rec: dict, budget: float, target: float) -> dict:
+    """The Fig. 3 metrics of one run, on its evaluations within the budget."""
+    times, acc = np.asarray(rec["times"]), np.asarray(rec["accuracy"])
+    keep = times <= budget
+    times, acc, uploads = times[keep], acc[keep], np.asarray(rec["uploads"])[keep]
+    best = float(np.nanmax(acc))
+    t90 = float(times[np.argmax(acc >= 0.9 * best)])
+    return {"max_accuracy": best, "time_to_90pct_max": t90, "time_to_target": first_passage(times, acc, target),
+            "uploads_in_budget": int(uploads[-1])}
+
+
+def summarize(records: list[dict], args: argparse.Namespace) -> list[dict]:
+    """Mean and std over seeds of every metric, per (method, P)."""
+    groups: dict[tuple[str, float], list[dict]] = {}
+    for rec in records:
+        rec.update(run_metrics(rec, args.budget, args.target))
+        groups.setdefault((rec["method"], rec["prob"]), []).append(rec)
+    rows = []
+    for (method, prob), recs in groups.items():
+        row = {"method": method, "prob": prob, "seeds": [r["seed"] for r in recs]}
+        for key in ("max_accuracy", "time_to_90pct_max", "time_to_target", "uploads_in_budget", "mean_k"):
+            row[key], row[key + "_std"], count = finite_mean_std(r.get(key) for r in recs)
+            if key == "time_to_target":
+                row["target_reached"] = count
+        rows.append(row)
+    return rows
+
+
+def cell(row: dict | None, key: str, digits: int, budget: float) -> str:
+    """A metric as ``mean ± std`` (time to target: ``(k/n)`` when k of n seeds reached it, ``> budget`` if none)."""
+    if row is None:
+        return "-"
+    if key == "time_to_target":
+        n = len(row["seeds"])
+        if row["target_reached"] == 0:
+            return f"> {budget:g}"
+        text = f"{row[key]:.{digits}f} ± {row[key + '_std']:.{digits}f}"
+        return text if row["target_reached"] == n else f"{row[key]:.{digits}f} ({row['target_reached']}/{n})"
+    if row.get(key) is None:
+        return "-"
+    return f"{row[key]:.{digits}f} ± {row[key + '_std']:.{digits}f}"
+
+
+def time_key(row: dict | None, key: str) -> float:
+    """A time metric for comparisons: not reached by every seed counts as never (inf)."""
+    if row is None or row.get(key) is None:
+        return math.inf
+    if key == "time_to_target" and row["target_reached"] < len(row["seeds"]):
+        return math.inf
+    return row[key]
+
+
+def direction_checks(rows: list[dict], args: argparse.Namespace) -> list[str]:
+    """The paper's claims, checked on the measured means (yes / no per claim)."""
+    at = {(r["method"], r["prob"]): r for r in rows}
+    base = [m for m in BASELINES if m in args.methods]
+    out = []
+    if "AsyncFedED" in args.methods and base:
+        for key, label in (("time_to_target", f"reaches {args.target:g} first"),
+                           ("time_to_90pct_max", "reaches 90% of its own max first")):
+            wins = [p for p in args.probs
+                    if all(time_key(at.get(("AsyncFedED", p)), key) < time_key(at.get((m, p)), key) for m in base)]
+            out.append(f"AsyncFedED {label} at every P: {yes_no(len(wins) == len(args.probs))} "
+                       f"(P where it does: {', '.join(f'{p:g}' for p in wins) or 'none'})")
+        wins = [p for p in args.probs if all(at[("AsyncFedED", p)]["max_accuracy"] >= at[(m, p)]["max_accuracy"]
+                                             for m in base if (m, p) in at)]
+        out.append(f"AsyncFedED has the highest max accuracy at every P: "
+                   f"{yes_no(len(wins) == len(args.probs))} "
+                   f"(P where it does: {', '.join(f'{p:g}' for p in wins) or 'none'})")
+        if len(args.probs) > 1:
+            lo, hi = args.probs[0], args.probs[-1]
+            changes = []
+            for m in ["AsyncFedED", *base]:
+                if (m, lo) in at and (m, hi) in at:
+                    d_acc = at[(m, hi)]["max_accuracy"] - at[(m, lo)]["max_accuracy"]
+                    t_lo, t_hi = time_key(at[(m, lo)], "time_to_target"), time_key(at[(m, hi)], "time_to_target")
+                    changes.append(f"{m} {d_acc:+.3f} acc, time to target {t_lo:.3g} -> {t_hi:.3g}")
+            out.append(f"From P = {lo:g} to P = {hi:g}: " + "; ".join(changes))
+    ablation = [r for r in rows if r["method"].startswith("AsyncFedED K=")]
+    adaptive = at.get(("AsyncFedED", args.ablation_prob))
+    if ablation and adaptive is not None:
+        beats = [r["method"] for r in ablation
+                 if time_key(adaptive, "time_to_target") < time_key(r, "time_to_target")]
+        out.append(f"Adaptive K reaches {args.target:g} before every constant K (P = {args.ablation_prob:g}): "
+                   f"{yes_no(len(beats) == len(ablation))} (beats: {', '.join(beats) or 'none'})")
+    return out
+
+
+def format_table(rows: list[dict], args: argparse.Namespace) -> str:
+    """``table.md``: the Fig. 3 metrics per method and P, AsyncFedED's mean K, the Fig. 4 ablation and the claims."""
+    at = {(r["method"], r["prob"]): r for r in rows}
+    methods = [m for m in METHODS if m in args.methods]
+    probs = args.probs
+    head = "| method | " + " | ".join(f"P = {p:g}" for p in probs) + " |"
+    rule = "|" + "---|" * (len(probs) + 1)
+    lines = [f"AsyncFedED reproduction: Synthetic(1, 1), 10 clients, MLP 60-200-200-10, budget {args.budget:g} units "
+             f"of virtual time (one unit: the compute time of a 10-step job; communication {args.comm_time:g}; "
+             f"suspension mean {args.suspension_mean:g}; synchronous rounds: {args.sync_suspensions}), "
+             f"mean ± std over seeds {args.seeds}. The test set has {args.test_examples} examples (accuracy moves in "
+             f"steps of {1 / args.test_examples:.4f}).", ""]
+    sections = (("Max test accuracy within the budget", "max_accuracy", 4),
+                ("Time to reach 90% of its own max accuracy", "time_to_90pct_max", 2),
+                (f"Time to reach test accuracy {args.target:g} (k/n: reached by k of n seeds, mean over those)",
+                 "time_to_target", 2),
+                ("Client uploads within the budget", "uploads_in_budget", 0))
+    for title, key, digits in sections:
+        lines += [f"**{title}**", "", head, rule]
+        for m in methods:
+            lines.append(f"| {m} | " + " | ".join(cell(at.get((m, p)), key, digits, args.budget) for p in probs) + " |")
+        lines.append("")
+    if "AsyncFedED" in methods:
+        lines += ["**AsyncFedED: mean local steps K of the updates within the budget**", "", head, rule,
+                  "| AsyncFedED | " + " | ".join(cell(at.get(("AsyncFedED", p)), "mean_k", 1, args.budget)
+                                                 for p in probs) + " |", ""]
+    ablation = [r for r in rows if r["method"].startswith("AsyncFedED K=")]
+    adaptive = at.get(("AsyncFedED", args.ablation_prob))
+    if ablation:
+        lines += [f"**Ablation (Fig. 4): adaptive vs constant K at P = {args.ablation_prob:g}**", "",
+                  f"| variant | max accuracy | time to 90% of max | time to {args.target:g} | uploads | mean K |",
+                  "|---|---|---|---|---|---|"]
+        variants = ([("adaptive K (K_init = 10)", adaptive)] if adaptive is not None else []) + [
+            (f"constant K = {r['method'].split('=')[1]}", r) for r in ablation]
+        for label, r in variants:
+            lines.append(f"| {label} | " + " | ".join(cell(r, k, d, args.budget) for k, d in (
+                ("max_accuracy", 4), ("time_to_90pct_max", 2), ("time_to_target", 2), ("uploads_in_budget", 0),
+                ("mean_k", 1))) + " |")
+        lines.append("")
+    checks = direction_checks(rows, args)
+    if checks:
+        lines += ["**The paper's direction, on these means**", ""] + [f"- {c}" for c in checks] + [""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ figures
+STYLES = {"AsyncFedED": "-", "FedAsync+Constant": "--", "FedAsync+Hinge": "--", "FedAvg": ":", "FedProx": "-."}
+
+
+def plot(records: list[dict], rows: list[dict], args: argparse.Namespace) -> list[str]:
+    """The figures: ``accuracy.png``, ``metrics_vs_p.png`` and, with the ablation, ``ablation.png``."""
+    written = [plot_accuracy(records, args), plot_metrics(rows, args)]
+    ablation = plot_ablation(records, args)
+    return written + ([ablation] if ablation else [])
+
+
+def plot_accuracy(records: list[dict], args: argparse.Namespace) -> str:
+    """Test accuracy against virtual time, mean over seeds, one panel per P."""
+    plt = pyplot()
+    grid = np.linspace(0.0, args.budget, 400)
+    methods = [m for m in METHODS if m in args.methods]
+    probs = args.probs
+    cols = min(len(probs), 5)
+    nrows = math.ceil(len(probs) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.8 * cols, 3.2 * nrows), squeeze=False, sharey=True)
+    for ax, p in zip(axes.flat, probs):
+        for m in methods:
+            recs = [r for r in records if r["method"] == m and r["prob"] == p]
+            if recs:
+                ax.plot(grid, mean_on_grid(recs, grid), STYLES[m], label=m, linewidth=1.6 if m == "AsyncFedED" else 1)
+        ax.axhline(args.target, color="grey", linewidth=0.5)
+        ax.set_title(f"P = {p:g}")
+        ax.set_xlabel("virtual time")
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(probs):]:
+        ax.axis("off")
+    for row in axes:
+        row[0].set_ylabel("test accuracy")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    return save_png(fig, args.out, "accuracy.png")
+
+
+def plot_metrics(rows: list[dict], args: argparse.Namespace) -> str:
+    """The Fig. 3 metrics and the time to the common target against P."""
+    plt = pyplot()
+    methods = [m for m in METHODS if m in args.methods]
+    probs = args.probs
+    at = {(r["method"], r["prob"]): r for r in rows}
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    for ax, (key, label) in zip(axes, (("max_accuracy", "max test accuracy within the budget"),
+                                       ("time_to_90pct_max", "time to 90% of own max"),
+                                       ("time_to_target", f"time to accuracy {args.target:g}"))):
+        for m in methods:
+            ps = [p for p in probs if (m, p) in at and at[(m, p)].get(key) is not None]
+            ax.errorbar(ps, [at[(m, p)][key] for p in ps], yerr=[at[(m, p)][key + "_std"] for p in ps],
+                        fmt=STYLES[m] + "o", markersize=3, capsize=2, label=m)
+        ax.set_xlabel("suspension probability P")
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return save_png(fig, args.out, "metrics_vs_p.png")
+
+
+def plot_ablation(records: list[dict], args: argparse.Namespace) -> str | None:
+    """Fig. 4: AsyncFedED's adaptive K against every constant K at the ablation's P (None without the ablation)."""
+    plt = pyplot()
+    grid = np.linspace(0.0, args.budget, 400)
+    ablation = sorted({r["method"] for r in records if r["method"].startswith("AsyncFedED K=")},
+                      key=lambda m: int(m.split("=")[1]))
+    if ablation:
+        fig, ax = plt.subplots(figsize=(5, 3.4))
+        for m in ["AsyncFedED", *ablation]:
+            recs = [r for r in records if r["method"] == m and r["prob"] == args.ablation_prob]
+            if recs:
+                ax.plot(grid, mean_on_grid(recs, grid), "-" if m == "AsyncFedED" else "--",
+                        label="adaptive K" if m == "AsyncFedED" else f"constant K = {m.split('=')[1]}")
+        label_axes(ax, f"AsyncFedED, adaptive vs constant K (P = {args.ablation_prob:g})", "virtual time",
+                   "test accuracy")
+        fig.tight_layout()
+        return save_png(fig, args.out, "ablation.png")
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command: runs every program and writes ``table.md``, ``results.json`` and the figures to ``--out``; 2 for
+    the paper's tasks that are not available."""
+    args = parse_args(argv)
+    if args.task != "synthetic":
+        print(f"error: {UNAVAILABLE.format(task=args.task.capitalize() if args.task != 'femnist' else 'FEMNIST')}",
+              file=sys.stderr)
+        return 2
+    if args.scale == "paper" and not args.quick:
+        print("--scale paper: Synthetic(1, 1) only; the paper's FEMNIST and Shakespeare tasks are not available in "
+              "this project", file=sys.stderr)
+    os.makedirs(args.out, exist_ok=True)
+    started = time.perf_counter()
+    records = run_all(args)
+    rows = summarize(records, args)
+    seconds = round(time.perf_counter() - started, 1)
+    table = format_table(rows, args) + f"\nWall time: {seconds} s.\n"
+    write_outputs(args.out, table, {"args": vars(args), "results": rows, "checks": direction_checks(rows, args),
+                                    "runs": records, "seconds": seconds})
+    plot(records, rows, args)
+    print(table)
+    return 0
