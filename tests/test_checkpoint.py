@@ -483,14 +483,14 @@ class StopAt:
         pass
 
 folder = tempfile.mkdtemp()
-bar, engine._progress_bar = engine._progress_bar, lambda *a, **k: StopAt(2)
+bar, engine.callbacks.progress_bar = engine.callbacks.progress_bar, lambda *a, **k: StopAt(2)
 try:
     simulate(task, ca2fl(cache="int8"), schedule, checkpoint_dir=folder, **kw)
 except SimulationInterrupted as e:
     assert e.saved and e.step == 16, (e.saved, e.step)
 else:
     raise AssertionError("the run should have been interrupted")
-engine._progress_bar = bar
+engine.callbacks.progress_bar = bar
 resumed = simulate(task, ca2fl(cache="int8"), schedule, checkpoint_dir=folder, resume=True, **kw)
 assert resumed.final_params.tobytes() == ref.final_params.tobytes()
 for k in ref.metrics:
