@@ -108,8 +108,9 @@ class Checkpoints:
         self.stop: Any = None
 
     def restore(self) -> checkpoint.LoopState | None:
-        """The saved state of this run, or None when the folder has no checkpoint."""
-        state = checkpoint.load(self.directory, self.identity, self.run.carry_shape)
+        """The saved state of this run, or None when the folder has no checkpoint (read straight into the carry's
+        placement when it is spread over devices)."""
+        state = checkpoint.load(self.directory, self.identity, self.run.carry_shape, shardings=self.run.placed.carry)
         if state is not None:
             self.saved_chunk = state.next_chunk
         return state
