@@ -26,8 +26,10 @@ from asyncfl_jax.timing import (
     suspension_table,
     synchronous,
 )
-from asyncfl_jax.timing.protocols import _concurrent_event_loop, _general_event_loop
+from asyncfl_jax.timing.policies import Count, Immediate
+from asyncfl_jax.timing.protocols import build_schedule
 from asyncfl_jax.timing.schedule import _ARRAY_FIELDS
+from reference_timing import concurrent_reference
 from support import replay_jobs
 
 CA2FL = DelayModel()
@@ -186,16 +188,17 @@ def test_to_dict_omits_availability_defaults():
 @given(n=st.integers(1, 12), data=st.data(), refill=st.sampled_from(["immediate", "boundary"]),
        model=st.sampled_from(["ca2fl", "zero", "constant", "arith"]), seed=st.integers(0, 2**32 - 1),
        T=st.integers(1, 40))
-def test_general_event_loop_equals_count_event_loop_when_features_are_off(n, data, refill, model, seed, T):
+def test_event_loop_equals_plain_reference_when_features_are_off(n, data, refill, model, seed, T):
     delays = {"ca2fl": CA2FL, "zero": DelayModel(speed="constant", speed_value=0.0, noise="none"),
               "constant": DelayModel.constant(1.0), "arith": ARITH}[model]
     Mc = data.draw(st.integers(1, n), label="Mc")
     M = data.draw(st.integers(1, Mc), label="M")
-    old = _concurrent_event_loop(n, T, delays, seed, Mc, M, refill)
-    new = _general_event_loop("concurrent", n, T, delays, seed, Mc, M, refill, "count", None, None)
-    assert_same(old, new)
+    reference = concurrent_reference(n, T, delays, seed, Mc, M, refill)
+    new = concurrent(n, T, delays, seed, concurrency=Mc, buffer_size=M, refill=refill)
+    assert_same(reference, new)
     assert_same(all_active(n, T, delays, seed),
-                _general_event_loop("all_active", n, T, delays, seed, n, 1, "immediate", "count", None, None))
+                build_schedule("all_active", n, T, delays, seed, Immediate(n), Count(1),
+                               {"concurrency": n, "buffer_size": 1}, fast=False))
 
 
 # ---------------------------------------------------------------------- delay-model fields
