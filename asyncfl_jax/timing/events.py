@@ -97,6 +97,7 @@ class _EventLoop:
         self.choice_rng = timing_rng(seed, 3)
         self.ticks = aggregation.ticks(seed) if isinstance(aggregation, Clock) else None
         self.waiting = False  # a round found nobody available: start it when a client returns
+        self.rounds = isinstance(refill, Rounds)
         self.round_left = 0  # jobs of the current round still in flight
         self.free: list[int] = []  # LIFO free list of released slots
         self.discarded_slots: list[int] = []  # slots of jobs discarded during the current step
@@ -108,15 +109,17 @@ class _EventLoop:
             self.heap.append((availability.dropout_time, DROPOUT, -1, -1))
         if self.ticks is not None:
             self.heap.append((self.ticks(0), SERVER, -1, -1))
-        if isinstance(refill, Rounds):
+        if self.rounds:
             self.heap.append((0.0, SERVER, -1, -1))
         heapq.heapify(self.heap)
         self.burst_time, self.burst, self.burst_limit = math.nan, 0, 8 * n + 1000
 
     def run(self) -> EventLog:
         """Handles events until ``T`` steps are applied (see the module docstring)."""
-        heap, pool, dispatch = self.heap, self.pool, self.dispatch
-        arrival_job, arrival_time = self.log.arrival_job, self.log.arrival_time
+        T, heap, pool, free, dispatch, log = self.T, self.heap, self.pool, self.free, self.dispatch, self.log
+        arrival_job, arrival_time, job_slot, job_client = log.arrival_job, log.arrival_time, log.job_slot, log.job_client
+        step_times, dispatch_ends, arrival_ends = log.step_times, log.dispatch_ends, log.arrival_ends
+        discarded_slots, pending = self.discarded_slots, []  # slots read by step t's arrivals
         heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
         aggregation = self.aggregation
         counting, clock, rounds = (isinstance(aggregation, Count), isinstance(aggregation, Clock),
@@ -125,14 +128,17 @@ class _EventLoop:
         replaces = 1 if isinstance(self.refill, Immediate) else 0  # an arrival is owed a job at once
         owed_at_close = size if isinstance(self.refill, Boundary) else 0  # ... or when its step is applied
         always, arrival = self.availability.always, ARRIVAL
-        m = owed = 0  # arrivals of the current step (count aggregation); jobs the refill owes
+        t = m = owed = 0  # steps applied; arrivals of step t (Count); jobs the refill owes
         while True:  # not `while heap`: CPython 3.11 only specializes a running loop at unconditional back-jumps
-            if not heap:
-                raise self.stuck_error()
-            time, kind, c, j = heap[0]
+            try:
+                time, kind, c, j = heap[0]
+            except IndexError:
+                raise self.stuck_error() from None
             if kind == arrival:  # it stays on the heap until the first job it frees replaces it
+                head = True
                 arrival_job.append(j)
                 arrival_time.append(time)
+                pending.append(job_slot[j])
                 if always:
                     pool.append(c)
                 else:
@@ -140,63 +146,59 @@ class _EventLoop:
                 owed += replaces
                 if counting:
                     m += 1
-                    if m == size:
-                        m = 0
-                        if self.close_step(time):
-                            break
-                        owed += owed_at_close
+                    closes = m == size
                 elif clock:
-                    self.check_burst(time)
+                    closes = self.check_burst(time)
                 else:
                     self.round_left -= 1
-                    if self.round_left == 0 and self.close_step(time):
-                        break
+                    closes = self.round_left == 0
+            else:
+                head = closes = False
+                heappop(heap)
+                if kind == SERVER:
+                    if rounds:
+                        self.start_round(time)
+                    else:
+                        closes = True
+                elif kind == RETURN:
+                    self.give_back(c, time)
+                else:
+                    owed_change, closes = self.dropout(time)
+                    owed += owed_change
+            if closes:  # apply step t: close its rows, release the slots it read (and those discarded during it)
+                t += 1
+                free.extend(pending)
+                pending.clear()
+                if discarded_slots:
+                    free.extend(discarded_slots)
+                    discarded_slots.clear()
+                step_times.append(time)
+                dispatch_ends.append(len(job_client))
+                arrival_ends.append(len(arrival_job))
+                if t == T:
+                    return log
+                m = 0
+                owed += owed_at_close
+                if not counting:
+                    self.next_server_event(time, t)
+            if head:
                 if owed > 0 and pool:
                     heapreplace(heap, dispatch(time))
                     owed -= 1
                 else:
                     heappop(heap)
-            else:
-                heappop(heap)
-                if kind == SERVER:
-                    if rounds:
-                        self.start_round(time)
-                    elif self.close_step(time):
-                        break
-                elif kind == RETURN:
-                    self.give_back(c, time)
-                else:
-                    owed_change, round_over = self.dropout(time)
-                    owed += owed_change
-                    if round_over and self.close_step(time):
-                        break
             while owed > 0 and pool:
                 heappush(heap, dispatch(time))
                 owed -= 1
-        return self.log
 
-    # ------------------------------------------------------------------ steps and the server's events
-    def close_step(self, time: float) -> bool:
-        """Applies the current step at ``time``: closes its rows, releases the slots it read and schedules the next
-        server event (the clock's next tick, or the next round: at once, after the returns of this instant).
-        Returns whether all ``T`` steps are applied."""
-        log = self.log
-        first = log.arrival_ends[-1] if log.arrival_ends else 0
-        self.free.extend(map(log.job_slot.__getitem__, log.arrival_job[first:]))  # in arrival order
-        if self.discarded_slots:
-            self.free.extend(self.discarded_slots)
-            self.discarded_slots.clear()
-        log.step_times.append(time)
-        log.dispatch_ends.append(len(log.job_client))
-        log.arrival_ends.append(len(log.arrival_job))
-        t = len(log.step_times)
-        if t == self.T:
-            return True
+    # ------------------------------------------------------------------ the server's events
+    def next_server_event(self, time: float, t: int) -> None:
+        """After step ``t - 1`` was applied at ``time``: schedules the clock's next tick, or the next round (at once,
+        after the returns of this instant)."""
         if self.ticks is not None:
             heapq.heappush(self.heap, (self.ticks(t), SERVER, -1, -1))
-        elif isinstance(self.refill, Rounds):
+        else:
             heapq.heappush(self.heap, (time, SERVER, -1, -1))
-        return False
 
     def start_round(self, time: float) -> None:
         """Starts a round with clients from the idle pool, or waits for one to return."""
@@ -214,11 +216,12 @@ class _EventLoop:
             heapq.heappush(self.heap, self.dispatch(time, c, slot))
         self.round_left = len(chosen)
 
-    def check_burst(self, time: float) -> None:
-        """Refuses delay models whose zero-length jobs would keep a clock from ever ticking."""
+    def check_burst(self, time: float) -> bool:
+        """Refuses delay models whose zero-length jobs would keep a clock from ever ticking; returns ``False`` (an
+        arrival never applies a step under a clock)."""
         if time != self.burst_time:
             self.burst_time, self.burst = time, 1
-            return
+            return False
         self.burst += 1
         if self.burst > self.burst_limit:
             raise ValueError(
@@ -227,6 +230,7 @@ class _EventLoop:
                 "the delay model gives zero-length jobs (e.g. speed_value=0 with comm_time=0), which never let a "
                 "clock tick. Use a delay model with positive durations or aggregation='count'"
             )
+        return False
 
     def stuck_error(self) -> ValueError:
         """The error when no event is left before ``T`` steps (boundary refill with too few live clients)."""
@@ -248,7 +252,7 @@ class _EventLoop:
         length = math.nan
         if self.suspensions is not None:
             lst = self.suspensions.lists[c]
-            if lst is None or u >= len(lst):
+            if u >= len(lst):
                 lst = self.suspensions.extend(c, u)
             length = lst[u]
         if length == length:
@@ -289,7 +293,7 @@ class _EventLoop:
             heapq.heapify(self.heap)
         old_target = self.refill.target(self.live)
         self.live -= len(dropped)
-        if isinstance(self.refill, Rounds):
+        if self.rounds:
             self.round_left -= len(discarded)
             return 0, bool(discarded) and self.round_left == 0
         return len(discarded) + self.refill.target(self.live) - old_target, False
@@ -333,7 +337,7 @@ def _dispatcher(durations: ClientSequences, pool: list[int], free: list[int], ch
         k = job_count[client]
         job_count[client] = k + 1
         lst = lists[client]
-        if lst is None or k >= len(lst):
+        if k >= len(lst):
             lst = extend(client, k)
         job = len(job_client)
         job_client.append(client)
@@ -373,14 +377,15 @@ def pad_rows(counts: np.ndarray, values: list[np.ndarray], width: int, fills: li
              dtypes: list[Any]) -> list[np.ndarray]:
     """Scatters flat per-entry values, ``counts[t]`` of them for row ``t`` in order, into ``[T, width]`` arrays padded
     with ``fills``."""
-    T = counts.size
-    rows = np.repeat(np.arange(T, dtype=np.int64), counts)
-    first = np.cumsum(counts) - counts
-    cols = np.arange(rows.size, dtype=np.int64) - first[rows]
+    full = bool((counts == width).all())
+    mask = None if full else np.arange(width) < counts[:, None]  # row-major order is the order of the values
     out = []
     for v, fill, dtype in zip(values, fills, dtypes):
-        a = np.full((T, width), fill, dtype=dtype)
-        a[rows, cols] = v
+        if full:
+            out.append(np.asarray(v, dtype=dtype).reshape(counts.size, width))
+            continue
+        a = np.full((counts.size, width), fill, dtype=dtype)
+        a[mask] = v
         out.append(a)
     return out
 

@@ -32,7 +32,7 @@ from asyncfl_jax.timing.delays import DelayModel, JobDurations, Suspensions
 
 TIMING_TAG = 0x7157
 FORMAT = "asyncfl_jax.timing/1"  # the ``info["rng"]`` of every schedule: the version of these streams
-BASE_JOBS = 16  # at most this many jobs per client are precomputed in one vectorized call
+BASE_JOBS = 32  # at most this many jobs per client are precomputed in one vectorized call
 EXTEND_JOBS = 64  # a client's table is extended by at least this many entries (or doubled) when it runs out
 
 
@@ -114,7 +114,7 @@ def schedule_info(protocol: str, n: int, T: int, delays: DelayModel, seed: int, 
 
 
 def base_width(n: int, jobs: int) -> int:
-    """Jobs per client to precompute for about ``jobs`` jobs in all: about twice the mean per client, in ``[2, 16]``.
+    """Jobs per client to precompute for about ``jobs`` jobs in all: about twice the mean per client, in ``[2, 32]``.
     (Values do not depend on how they are batched; this only trades memory for later per-client extensions.)"""
     return int(min(BASE_JOBS, max(2, -(-2 * jobs // n) + 2)))
 
@@ -122,21 +122,18 @@ def base_width(n: int, jobs: int) -> int:
 class ClientSequences:
     """Per-client sequences of a counter-based table (job durations, suspension lengths) as Python floats.
 
-    ``lists[c]`` holds entries ``0 .. len - 1`` of client ``c`` (``None`` until first used); :meth:`extend` makes sure
-    entry ``k`` is there. The first ``width`` entries of every client come from one vectorized call, later ones from
-    per-client calls that at least double the list. Entries do not depend on this chunking.
+    ``lists[c]`` holds entries ``0 .. len - 1`` of client ``c``; :meth:`extend` makes sure entry ``k`` is there. The
+    first ``width`` entries of every client come from one vectorized call, later ones from per-client calls that at
+    least double the list. Entries do not depend on this chunking.
     """
 
     def __init__(self, block: Callable[[np.ndarray, int, int], np.ndarray], n: int, width: int) -> None:
         self._block = block
-        self._base = block(np.arange(n), 0, width)
-        self.lists: list[list[float] | None] = [None] * n
+        self.lists: list[list[float]] = block(np.arange(n), 0, width).tolist()
 
     def extend(self, c: int, k: int) -> list[float]:
         """Client ``c``'s list, long enough to hold entry ``k``."""
         lst = self.lists[c]
-        if lst is None:
-            lst = self.lists[c] = self._base[c].tolist()
         while k >= len(lst):
             lst.extend(self._block(np.array([c]), len(lst), max(len(lst), EXTEND_JOBS))[0].tolist())
         return lst
