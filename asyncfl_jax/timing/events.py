@@ -47,7 +47,8 @@ UNIFORM_BLOCK = 1 << 16  # uniforms drawn per rng call for the refill's client c
 
 @dataclasses.dataclass
 class EventLog:
-    """What the loop recorded. Jobs are numbered in dispatch order, the initial jobs first.
+    """What the loop recorded (Python lists; :func:`~asyncfl_jax.timing.fast.rounds_log` fills it with arrays). Jobs
+    are numbered in dispatch order, the initial jobs first.
 
     Attributes:
       num_initial: jobs started before the first event (from ``x_0``, not in any dispatch row).
@@ -60,13 +61,13 @@ class EventLog:
     """
 
     num_initial: int
-    job_client: list[int]
-    job_slot: list[int]
-    job_time: list[float]
-    arrival_job: list[int]
-    arrival_time: list[float]
-    dispatch_ends: list[int]
-    arrival_ends: list[int]
+    job_client: list[int] | np.ndarray
+    job_slot: list[int] | np.ndarray
+    job_time: list[float] | np.ndarray
+    arrival_job: list[int] | np.ndarray
+    arrival_time: list[float] | np.ndarray
+    dispatch_ends: list[int] | np.ndarray
+    arrival_ends: list[int] | np.ndarray
     step_times: list[float]
     num_slots: int
 
@@ -202,19 +203,15 @@ class _EventLoop:
 
     def start_round(self, time: float) -> None:
         """Starts a round with clients from the idle pool, or waits for one to return."""
-        available = sorted(self.pool)
-        if not available:
+        if not self.pool:
             self.waiting = True
             return
+        available = np.sort(np.asarray(self.pool, dtype=np.int64))
         chosen = self.refill.choose(available, self.choice_rng)
-        if len(chosen) < len(available):
-            taken = set(chosen)
-            self.pool[:] = [c for c in available if c not in taken]
-        else:
-            self.pool.clear()
-        for slot, c in enumerate(chosen):
+        self.pool[:] = np.setdiff1d(available, chosen, assume_unique=True).tolist()  # (order: no matter for rounds)
+        for slot, c in enumerate(chosen.tolist()):
             heapq.heappush(self.heap, self.dispatch(time, c, slot))
-        self.round_left = len(chosen)
+        self.round_left = chosen.size
 
     def check_burst(self, time: float) -> bool:
         """Refuses delay models whose zero-length jobs would keep a clock from ever ticking; returns ``False`` (an
@@ -392,7 +389,8 @@ def pad_rows(counts: np.ndarray, values: list[np.ndarray], width: int, fills: li
 
 def to_schedule(log: EventLog, n: int, aggregation: Aggregation, info: dict[str, Any]) -> Schedule:
     """The :class:`Schedule` of a run. Rows are at least ``size`` wide under :class:`Count` (arrival rows exactly),
-    at least 1 otherwise; arrivals are in event order, or by client id under :class:`AllInFlight`."""
+    at least 1 otherwise; arrivals are in event order, or in dispatch order (by client id) under
+    :class:`AllInFlight`."""
     D0 = log.num_initial
     min_width = aggregation.size if isinstance(aggregation, Count) else 1
     job_client = np.asarray(log.job_client, dtype=np.int64)
@@ -405,8 +403,8 @@ def to_schedule(log: EventLog, n: int, aggregation: Aggregation, info: dict[str,
     a_counts = np.diff(np.asarray(log.arrival_ends, dtype=np.int64), prepend=0)
     aj = np.asarray(log.arrival_job, dtype=np.int64)
     a_times = np.asarray(log.arrival_time, dtype=np.float64)
-    if isinstance(aggregation, AllInFlight):
-        order = np.lexsort((job_client[aj], np.repeat(np.arange(a_counts.size), a_counts)))
+    if isinstance(aggregation, AllInFlight):  # in dispatch order: a round dispatches its clients by id
+        order = np.argsort(aj, kind="stable")
         aj, a_times = aj[order], a_times[order]
     a_clients, a_slots, a_versions, a_times = pad_rows(
         a_counts, [job_client[aj], job_slot[aj], job_version[aj], a_times],

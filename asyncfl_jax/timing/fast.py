@@ -11,16 +11,22 @@ and ``tests/test_timing.py`` checks that they equal the loop:
 * :func:`synchronous_fast`: refill ``Rounds(m)``, aggregation ``AllInFlight``, every client always available (the
   ``synchronous`` protocol without dropouts or suspensions). Rounds do not interact, so all of them are computed at
   once.
+* :func:`rounds_log`: ``Rounds(m)`` and ``AllInFlight`` with dropouts or suspensions (``synchronous`` with them).
+  Everything in a round follows from its start, so a round is one vectorized step instead of one loop step per
+  event (6 to 10 times faster than the loop with 100 to 1,000 participants per round).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
 
 from asyncfl_jax.timing.delays import JobDurations
+from asyncfl_jax.timing.events import EventLog
+from asyncfl_jax.timing.policies import Availability, Rounds
 from asyncfl_jax.timing.schedule import Schedule
 from asyncfl_jax.timing.streams import base_width, timing_rng
 
@@ -190,4 +196,80 @@ def synchronous_fast(n: int, T: int, m: int, table: JobDurations, seed: int, inf
         num_slots=m,
         init_time=0.0,
         info=info,
+    )
+
+
+@dataclasses.dataclass
+class _Clients:
+    """Per-client state between rounds: when each is back from a suspension, its job and upload counters."""
+
+    dropped: np.ndarray  # bool [n]
+    back: np.ndarray  # float64 [n]
+    jobs: np.ndarray  # int64 [n]
+    uploads: np.ndarray  # int64 [n]
+
+    def available(self, start: float, dropout_time: float) -> tuple[float, np.ndarray]:
+        """``(start, available clients)`` of a round that may start at ``start``: the clients not gone and not
+        suspended then, or, if there are none, those at the first time one returns."""
+        while True:
+            gone = self.dropped & (start >= dropout_time)
+            available = np.flatnonzero(~gone & (self.back <= start))
+            if available.size:
+                return start, available
+            # Nobody can take part: wait for the first live client to return (there is one: not all clients drop).
+            waiting = ~self.dropped | (self.back < dropout_time)
+            start = float(self.back[waiting & (self.back > start)].min())
+
+
+def rounds_log(n: int, T: int, refill: Rounds, table: JobDurations, availability: Availability,
+               seed: int) -> EventLog:
+    """The event loop's log for ``Rounds`` with ``AllInFlight`` under ``availability``, one round at a time.
+
+    A round starting at ``start`` dispatches ``refill.choose`` of the available clients; each arrives at
+    ``start + duration`` unless it is dropped and that is after the dropout time (then it is discarded); the round ends
+    at its last arrival, or at the dropout time if that is later and a job was discarded. A client that uploads is
+    suspended after it (unless it leaves then) until ``finish + length``. The log holds arrays, not lists.
+    """
+    drop_time, susp = availability.dropout_time, availability.suspensions
+    dropped = np.zeros(n, dtype=bool)
+    dropped[list(availability.dropped)] = True
+    clients = _Clients(dropped, np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
+    rng = timing_rng(seed, 3)
+    chosen_rows, start_rows, kept_rows, finish_rows, step_times = [], [], [], [], []
+    start = 0.0
+    for _ in range(T):
+        start, available = clients.available(start, drop_time)
+        chosen = refill.choose(available, rng)
+        finish = start + table.durations(chosen, clients.jobs[chosen])
+        clients.jobs[chosen] += 1
+        kept = ~(dropped[chosen] & (finish > drop_time))
+        arrived = chosen[kept]
+        end = float(finish[kept].max()) if arrived.size else -math.inf
+        if not kept.all():
+            end = max(end, drop_time)  # the server learns that the others left at the dropout time
+        if susp is not None and arrived.size:
+            lengths = susp.lengths(arrived, clients.uploads[arrived])
+            hit = ~(dropped[arrived] & (finish[kept] >= drop_time)) & ~np.isnan(lengths)
+            clients.back[arrived[hit]] = finish[kept][hit] + lengths[hit]
+        clients.uploads[arrived] += 1
+        chosen_rows.append(chosen)
+        start_rows.append(start)
+        kept_rows.append(kept)
+        finish_rows.append(finish[kept])
+        step_times.append(end)
+        start = end
+    sizes = np.array([c.size for c in chosen_rows], dtype=np.int64)
+    ends = np.cumsum(sizes)
+    kept = np.concatenate(kept_rows)
+    return EventLog(
+        num_initial=0,
+        job_client=np.concatenate(chosen_rows),
+        job_slot=np.arange(ends[-1]) - np.repeat(ends - sizes, sizes),
+        job_time=np.repeat(start_rows, sizes),
+        arrival_job=np.flatnonzero(kept),
+        arrival_time=np.concatenate(finish_rows),
+        dispatch_ends=ends,
+        arrival_ends=np.cumsum([k.sum() for k in kept_rows]),
+        step_times=step_times,
+        num_slots=int(sizes.max()),
     )

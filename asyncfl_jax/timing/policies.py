@@ -89,13 +89,12 @@ class Rounds:
         """Jobs are only started at round starts, never by the refill after an event."""
         return 0
 
-    def choose(self, available: list[int], rng: np.random.Generator) -> list[int]:
-        """The participants of a round, sorted, among ``available`` (sorted)."""
+    def choose(self, available: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The participants of a round, sorted, among ``available`` (int64, sorted)."""
         m = self.participants
-        if m is None or m >= len(available):
+        if m is None or m >= available.size:
             return available
-        picks = rng.choice(len(available), size=m, replace=False)
-        return np.sort(np.asarray(available, dtype=np.int64)[picks]).tolist()
+        return np.sort(available[rng.choice(available.size, size=m, replace=False)])
 
 
 Refill = Union[Immediate, Boundary, Rounds]  # KeepInFlight itself is not a refill

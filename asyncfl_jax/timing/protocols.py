@@ -9,9 +9,10 @@ Every protocol is the one event loop of :mod:`asyncfl_jax.timing.events` with a 
   (a step when every job in flight is in: synchronous rounds, a time window of infinite length);
 * an availability: dropouts and suspensions from the delay model (none by default).
 
-Two combinations in which no event depends on another have vectorized fast paths (:mod:`asyncfl_jax.timing.fast`):
-all clients active with one arrival per step, and synchronous rounds without dropouts or suspensions. They give the
-loop's schedules bit for bit (tested) and are only faster.
+Combinations in which the events can be computed without stepping through them one by one have vectorized fast paths
+(:mod:`asyncfl_jax.timing.fast`): all clients active with one arrival per step, and synchronous rounds (all at once
+without dropouts or suspensions, one round at a time with them). They give the loop's schedules bit for bit (tested)
+and are only faster.
 
 Randomness: every schedule is a deterministic function of ``seed`` through the timing streams of
 :mod:`asyncfl_jax.timing.streams` (speeds, initial clients, refill choices, job durations, dropped clients,
@@ -33,7 +34,7 @@ from typing import Any, Mapping
 
 from asyncfl_jax.timing.delays import DelayModel
 from asyncfl_jax.timing.events import simulate_events, to_schedule
-from asyncfl_jax.timing.fast import all_active_fast, synchronous_fast
+from asyncfl_jax.timing.fast import all_active_fast, rounds_log, synchronous_fast
 from asyncfl_jax.timing.policies import (AllInFlight, Availability, Aggregation, Boundary, Clock, Count, Immediate,
                                          Refill, Rounds)
 from asyncfl_jax.timing.schedule import Schedule
@@ -57,12 +58,13 @@ def build_schedule(protocol: str, n: int, T: int, delays: DelayModel, seed: int,
     table = job_durations_table(n, delays, seed)
     availability = Availability.of(n, delays, seed)
     info = schedule_info(protocol, n, T, delays, seed, **options, **availability.info())
-    if fast and availability.always:
-        if isinstance(refill, Rounds):
+    if fast and isinstance(refill, Rounds):
+        if availability.always:
             return synchronous_fast(n, T, n if refill.participants is None else refill.participants, table, seed,
                                     info)
-        if refill.concurrency == n and aggregation == Count(1):  # both refills: the only idle client just arrived
-            return all_active_fast(n, T, table, info)
+        return to_schedule(rounds_log(n, T, refill, table, availability, seed), n, aggregation, info)
+    if fast and availability.always and refill.concurrency == n and aggregation == Count(1):
+        return all_active_fast(n, T, table, info)  # either refill: the only idle client is the one that arrived
     log = simulate_events(n, T, table, seed, refill, aggregation, availability)
     return to_schedule(log, n, aggregation, info)
 
