@@ -26,8 +26,10 @@ from asyncfl_jax.timing import (
     suspension_table,
     synchronous,
 )
-from asyncfl_jax.timing.protocols import _concurrent_event_loop, _general_event_loop
+from asyncfl_jax.timing.policies import AllInFlight, Count, Immediate, Rounds
+from asyncfl_jax.timing.protocols import build_schedule
 from asyncfl_jax.timing.schedule import _ARRAY_FIELDS
+from reference_timing import concurrent_reference
 from support import replay_jobs
 
 CA2FL = DelayModel()
@@ -186,16 +188,17 @@ def test_to_dict_omits_availability_defaults():
 @given(n=st.integers(1, 12), data=st.data(), refill=st.sampled_from(["immediate", "boundary"]),
        model=st.sampled_from(["ca2fl", "zero", "constant", "arith"]), seed=st.integers(0, 2**32 - 1),
        T=st.integers(1, 40))
-def test_general_event_loop_equals_count_event_loop_when_features_are_off(n, data, refill, model, seed, T):
+def test_event_loop_equals_plain_reference_when_features_are_off(n, data, refill, model, seed, T):
     delays = {"ca2fl": CA2FL, "zero": DelayModel(speed="constant", speed_value=0.0, noise="none"),
               "constant": DelayModel.constant(1.0), "arith": ARITH}[model]
     Mc = data.draw(st.integers(1, n), label="Mc")
     M = data.draw(st.integers(1, Mc), label="M")
-    old = _concurrent_event_loop(n, T, delays, seed, Mc, M, refill)
-    new = _general_event_loop("concurrent", n, T, delays, seed, Mc, M, refill, "count", None, None)
-    assert_same(old, new)
+    reference = concurrent_reference(n, T, delays, seed, Mc, M, refill)
+    new = concurrent(n, T, delays, seed, concurrency=Mc, buffer_size=M, refill=refill)
+    assert_same(reference, new)
     assert_same(all_active(n, T, delays, seed),
-                _general_event_loop("all_active", n, T, delays, seed, n, 1, "immediate", "count", None, None))
+                build_schedule("all_active", n, T, delays, seed, Immediate(n), Count(1),
+                               {"concurrency": n, "buffer_size": 1}, fast=False))
 
 
 # ---------------------------------------------------------------------- delay-model fields
@@ -296,6 +299,23 @@ def test_schedule_properties_with_availability_and_clock(n, data, protocol, aggr
 
 
 # ---------------------------------------------------------------------- dropouts
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 12), data=st.data(), model=st.sampled_from(sorted(POSITIVE_MODELS)),
+       fraction=st.sampled_from([0.0, 0.3, 0.6]), dropout_time=st.sampled_from([0.0, 1.0, 2.5, math.inf]),
+       prob=st.sampled_from([0.0, 0.3, 1.0]), mean=st.sampled_from([0.5, 5.0]), seed=st.integers(0, 2**32 - 1),
+       T=st.integers(1, 25))
+def test_synchronous_round_path_equals_event_loop(n, data, model, fraction, dropout_time, prob, mean, seed, T):
+    """The vectorized one-round-at-a-time path (fast.rounds_log) gives the event loop's schedule."""
+    delays = with_availability(POSITIVE_MODELS[model], dropout_fraction=fraction, dropout_time=dropout_time,
+                               suspension_prob=prob, suspension_mean=mean)
+    m = data.draw(st.sampled_from([None, *range(1, n + 1)]), label="participants")
+    options = {"participants": n if m is None else m}
+    fast = build_schedule("synchronous", n, T, delays, seed, Rounds(m), AllInFlight(), options)
+    loop = build_schedule("synchronous", n, T, delays, seed, Rounds(m), AllInFlight(), options, fast=False)
+    assert_same(fast, loop)
+    assert_same(fast, synchronous(n, T, delays, seed, participants=m))
+
+
 def test_dropout_concurrent_immediate():
     n, Mc, M, T = 40, 12, 3, 600
     delays = with_availability(CA2FL, dropout_fraction=0.75, dropout_time=20.0)

@@ -28,7 +28,8 @@ from asyncfl_jax.timing import (
     staleness_histogram,
     synchronous,
 )
-from asyncfl_jax.timing.protocols import _concurrent_event_loop, _concurrent_fast
+from asyncfl_jax.timing.policies import AllInFlight, Boundary, Count, Immediate, Rounds
+from asyncfl_jax.timing.protocols import build_schedule
 from asyncfl_jax.timing.schedule import _ARRAY_FIELDS
 from support import replay_jobs
 
@@ -292,19 +293,38 @@ def test_zero_durations_ties_are_deterministic():
     assert s.step_times.tolist() == [2.0, 2.0, 4.0, 4.0, 6.0]
 
 
-# ---------------------------------------------------------------------- all-active / fast path
+# ---------------------------------------------------------------------- all-active / fast paths
+def _all_active_options(n: int, refill: str) -> dict:
+    return {"concurrency": n, "buffer_size": 1, "refill": refill}
+
+
 @pytest.mark.parametrize("model", sorted(DELAY_MODELS))
 @pytest.mark.parametrize("n, T", [(1, 50), (2, 1000), (7, 300), (40, 2000), (300, 500)])
 def test_fast_path_equals_event_loop(model, n, T):
     delays = DELAY_MODELS[model]
     for seed in (0, 9):
-        fast = _concurrent_fast(n, T, delays, seed, "immediate")
-        slow = _concurrent_event_loop(n, T, delays, seed, n, 1, "immediate")
-        slow_b = _concurrent_event_loop(n, T, delays, seed, n, 1, "boundary")
+        fast = build_schedule("concurrent", n, T, delays, seed, Immediate(n), Count(1),
+                              _all_active_options(n, "immediate"))
+        slow = build_schedule("concurrent", n, T, delays, seed, Immediate(n), Count(1),
+                              _all_active_options(n, "immediate"), fast=False)
+        slow_b = build_schedule("concurrent", n, T, delays, seed, Boundary(n), Count(1),
+                                _all_active_options(n, "boundary"), fast=False)
         fast.validate()
         assert_same(fast, slow)
         assert_same(fast, slow_b, check_info=False)
     check_concurrent(fast, n, T, n, 1, "immediate")
+
+
+@pytest.mark.parametrize("model", sorted(DELAY_MODELS))
+@pytest.mark.parametrize("n, T, m", [(1, 20, None), (5, 40, 2), (5, 40, 5), (30, 60, None), (30, 60, 7)])
+def test_synchronous_fast_path_equals_event_loop(model, n, T, m):
+    delays = DELAY_MODELS[model]
+    for seed in (0, 9):
+        fast = synchronous(n, T, delays, seed, participants=m)
+        slow = build_schedule("synchronous", n, T, delays, seed, Rounds(m), AllInFlight(),
+                              {"participants": n if m is None else m}, fast=False)
+        fast.validate()
+        assert_same(fast, slow)
 
 
 def test_all_active_is_concurrent_with_all_clients():

@@ -40,9 +40,9 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from asyncfl_jax.timing.delays import DelayModel
-from asyncfl_jax.timing.protocols import (_check_common, _dropout_info, _info, dropped_clients,
-                                          job_durations_table, suspension_table)
 from asyncfl_jax.timing.schedule import Schedule
+from asyncfl_jax.timing.streams import (check_common, dropout_info, dropped_clients, job_durations_table,
+                                        schedule_info, suspension_table)
 
 
 class ClockTables(NamedTuple):
@@ -100,7 +100,7 @@ class EventClock:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        n, T, delays, seed = _check_common(self.num_clients, self.num_steps, self.delays, self.seed)
+        n, T, delays, seed = check_common(self.num_clients, self.num_steps, self.delays, self.seed)
         object.__setattr__(self, "num_clients", n)
         object.__setattr__(self, "num_steps", T)
         object.__setattr__(self, "delays", delays)
@@ -109,8 +109,8 @@ class EventClock:
     @property
     def info(self) -> dict[str, Any]:
         """The description written with the results (as a schedule's ``info``)."""
-        return _info("event_clock", self.num_clients, self.num_steps, self.delays, self.seed, concurrency=self.num_clients,
-                     buffer_size=1)
+        return schedule_info("event_clock", self.num_clients, self.num_steps, self.delays, self.seed,
+                             concurrency=self.num_clients, buffer_size=1)
 
     def tables(self, base_jobs: np.ndarray, base_uploads: np.ndarray, width: int) -> ClockTables:
         """The :class:`ClockTables` for clients whose next job is ``base_jobs[i]`` and next upload ``base_uploads[i]``."""
@@ -210,5 +210,5 @@ def realized_schedule(clock: EventClock, trace: Trace, open_jobs: OpenJobs) -> S
         num_clients=n,
         num_slots=n,
         init_time=0.0,
-        info={**clock.info, "num_steps": T, **_dropout_info(n, clock.delays, clock.seed)[2]},
+        info={**clock.info, "num_steps": T, **dropout_info(n, clock.delays, clock.seed)[2]},
     )

@@ -8,7 +8,7 @@ A job of client ``i`` takes::
 where ``s_i`` is the client's persistent *speed factor* (a scale: larger means slower), drawn once per schedule, and
 ``eps`` is a fresh per-job noise draw. All durations are ``>= 0``. Some settings make durations exactly ``0`` (e.g.
 ``speed="constant", speed_value=0`` or ``noise="uniform", noise_low=0`` at the boundary); this is allowed: the arrival
-protocols resolve equal event times deterministically (see :mod:`asyncfl_jax.timing.protocols`).
+protocols resolve equal event times deterministically (see :mod:`asyncfl_jax.timing.events`).
 
 Speed distributions (``speed``):
 
@@ -35,7 +35,7 @@ exponential/uniform, Box-Muller for the normal-based ones). The uniforms come ei
 (:meth:`DelayModel.sample_noise`) or from the counter-based per-(client, job) stream :class:`JobDurations`, which the
 protocols use so that the ``k``-th job of client ``i`` has the same duration whichever code path asks for it.
 
-Client availability (off by default; see :mod:`asyncfl_jax.timing.protocols` for what the protocols do with it):
+Client availability (off by default; see :class:`asyncfl_jax.timing.policies.Availability` and the protocols):
 
 * dropouts: ``floor(dropout_fraction * n)`` clients, drawn once per schedule, leave for good at virtual time
   ``dropout_time`` (default ``inf``: never);

@@ -6,7 +6,9 @@ from typing import Any
 
 import numpy as np
 
+from asyncfl_jax.timing.delays import DelayModel
 from asyncfl_jax.timing.schedule import Schedule
+from asyncfl_jax.timing.streams import suspension_table
 
 
 def staleness_values(schedule: Schedule) -> np.ndarray:
@@ -55,9 +57,6 @@ def num_suspensions(schedule: Schedule) -> int:
     """Number of uploads in the schedule after which the client was suspended (recomputed from the counter-based
     suspension stream of ``info["seed"]`` and ``info["delays"]``; uploads of dropped clients at or after the dropout
     time do not count, they leave instead). 0 when ``suspension_prob`` is 0 or the schedule does not say."""
-    from asyncfl_jax.timing.delays import DelayModel
-    from asyncfl_jax.timing.protocols import suspension_table
-
     info = schedule.info
     if "delays" not in info or "seed" not in info:
         return 0
