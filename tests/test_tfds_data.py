@@ -135,7 +135,7 @@ def test_default_data_dir_is_tfds_data_dir_env_then_home(tmp_path, monkeypatch):
 
 def test_missing_tensorflow_datasets_says_which_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # makes `import tensorflow_datasets` fail
-    with pytest.raises(ImportError, match=r"asyncfl-jax\[tfds\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[tfds\]'"):
         load_tfds("mnist")
 
 

@@ -25,7 +25,7 @@ beforehand **in the array_record format** in ``data_dir``, i.e. ``<data_dir>/<na
 **Preparing needs TensorFlow and internet** (the TFDS builders of these datasets read and encode with TensorFlow, and
 the ``tfds`` command needs it to start). On a machine with internet access::
 
-    pip install "asyncfl-jax[tfds]" tensorflow importlib_resources
+    pip install -e ".[tfds]" tensorflow importlib_resources
     tfds build mnist --file_format=array_record --data_dir=DIR   # or fashion_mnist, emnist/byclass, cifar10, cifar100
 
 or in Python ``tfds.builder("mnist", data_dir=DIR, file_format="array_record").download_and_prepare()``.
@@ -115,7 +115,7 @@ def _import_tfds() -> Any:
     except ImportError as e:
         raise ImportError(
             "datasets from TensorFlow Datasets need the package tensorflow_datasets: "
-            "pip install 'asyncfl-jax[tfds]' (reading a prepared dataset needs no TensorFlow)"
+            "pip install -e '.[tfds]' from a clone of asyncfl_jax (reading a prepared dataset needs no TensorFlow)"
         ) from e
     return tfds
 
@@ -127,7 +127,7 @@ def _resolve_data_dir(data_dir: str | os.PathLike | None) -> str:
 def _how_to_prepare(spec: _TfdsSpec, root: str, folder: str) -> str:
     return (
         "To prepare it (needs internet and TensorFlow; reading it afterwards needs neither):\n"
-        '  pip install "asyncfl-jax[tfds]" tensorflow importlib_resources\n'
+        '  pip install -e ".[tfds]" tensorflow importlib_resources\n'
         f"  tfds build {spec.tfds_name} --file_format=array_record --data_dir={root}\n"
         f'or in Python: tfds.builder("{spec.tfds_name}", data_dir="{root}", '
         'file_format="array_record").download_and_prepare()\n'
@@ -263,7 +263,7 @@ def load_tfds(
       TfdsNotPreparedError: the dataset is not prepared in ``data_dir`` in a format ``tfds.data_source`` reads
         (array_record or parquet); the message names the dataset, the folder searched and how to prepare it.
       ValueError: unknown ``name``, or data that does not match the expected shapes or number of classes.
-      ImportError: ``tensorflow_datasets`` is not installed (``pip install 'asyncfl-jax[tfds]'``).
+      ImportError: ``tensorflow_datasets`` is not installed (``pip install -e '.[tfds]'`` from a clone of asyncfl_jax).
     """
     spec = _spec(name)
     tfds = _import_tfds()
