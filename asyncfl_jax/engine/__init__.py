@@ -34,7 +34,7 @@ from asyncfl_jax.engine.loop import METRIC_NAMES, ChunkUpdate, HostLoop, Run, pr
 from asyncfl_jax.engine.placement import (ShardClients, ShardJobs, ShardReplicas, SingleDevice, client_shardings,
                                           job_sharding, make_placement, per_client_leaves, replica_shardings)
 from asyncfl_jax.engine.simulate import simulate
-from asyncfl_jax.engine.step import (Carry, Program, SimulationOutput, build_clocked_program, build_program,
+from asyncfl_jax.engine.step import (Carry, Program, SimulationOutput, build_program,
                                      freeze_diverged, keep_if_diverged, make_program, make_simulation)
 from asyncfl_jax.engine.stores import Lookahead, TrainAtArrival, TrainAtDispatch
 
@@ -43,7 +43,7 @@ __all__ = [
     "INIT_BATCH", "INIT_ROUND_STREAM", "InScanClock", "JSONLinesLogger", "Jobs", "Lookahead", "LookaheadPlan",
     "METRIC_NAMES", "MemoryBudget", "PresampledClock", "ProgressBar", "Program", "Replica", "Run", "SERVER_STREAM",
     "ScheduleArrays", "ShardClients", "ShardJobs", "ShardReplicas", "SimulationOutput", "SingleDevice", "StepArrays",
-    "StopWhenAllDiverged", "TRACE_NAMES", "TrainAtArrival", "TrainAtDispatch", "Trainer", "build_clocked_program",
+    "StopWhenAllDiverged", "TRACE_NAMES", "TrainAtArrival", "TrainAtDispatch", "Trainer",
     "build_program", "client_shardings", "default_hparams", "device_memory_bytes", "flush_buckets",
     "freeze_diverged", "job_arrivals", "job_sharding", "keep_if_diverged", "lookahead_plan", "lookahead_windows",
     "make_history", "make_placement", "make_program", "make_replicas", "make_simulation", "make_trainer",

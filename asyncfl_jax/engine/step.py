@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from asyncfl_jax.algorithms.base import Algorithm, ServerMeta
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine import jobs as jobs_lib
-from asyncfl_jax.engine.clocks import InScanClock, PresampledClock
+from asyncfl_jax.engine.clocks import PresampledClock
 from asyncfl_jax.engine.jobs import INIT_ROUND_STREAM, SERVER_STREAM, Jobs, Trainer, in_groups, make_trainer
 from asyncfl_jax.engine.stores import Lookahead, TrainAtArrival, TrainAtDispatch
 from asyncfl_jax.task import Task, TaskArrays, make_evaluator
@@ -218,21 +218,16 @@ def make_program(task: Task, algorithm: Algorithm, local: LocalConfig, clock: An
 
 
 def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slots: int, job_sharding: Any = None,
-                  lookahead: int = 1) -> Program:
+                  lookahead: int = 1, constrain_jobs: Callable[[jax.Array], jax.Array] | None = None) -> Program:
     """The program of a run over a pre-sampled schedule with ``num_slots`` pending slots: train at dispatch, or
     lookahead batching when ``lookahead > 1`` (the steps' ``plan`` must then be given, see
     :func:`~asyncfl_jax.engine.inputs.lookahead_plan`). ``job_sharding`` (a sharding of a 1-D array) spreads the jobs
-    trained together at a step over devices."""
-    constrain = None if job_sharding is None else (lambda a: jax.lax.with_sharding_constraint(a, job_sharding))
+    trained together at a step over devices (or ``constrain_jobs``, a placement's hook, places them)."""
+    constrain = constrain_jobs
+    if job_sharding is not None:
+        constrain = lambda a: jax.lax.with_sharding_constraint(a, job_sharding)  # noqa: E731
     return make_program(task, algorithm, local, PresampledClock(), "lookahead" if lookahead > 1 else "dispatch",
                         num_slots=num_slots, lookahead=lookahead, constrain_jobs=constrain)
-
-
-def build_clocked_program(task: Task, algorithm: Algorithm, local: LocalConfig, job_sharding: Any = None) -> Program:
-    """The program of a run under the in-scan event clock: one slot per client, jobs trained when they arrive."""
-    constrain = None if job_sharding is None else (lambda a: jax.lax.with_sharding_constraint(a, job_sharding))
-    return make_program(task, algorithm, local, InScanClock(task.num_clients, local.steps), "arrival",
-                        num_slots=task.num_clients, constrain_jobs=constrain)
 
 
 class SimulationOutput(NamedTuple):

@@ -21,11 +21,11 @@ import numpy as np
 
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig
-from asyncfl_jax.engine.clocks import TRACE_NAMES, ClockChunk, InScanClock, PresampledClock
+from asyncfl_jax.engine.clocks import TRACE_NAMES, ClockChunk, InScanClock
 from asyncfl_jax.engine.hparams import Replica
 from asyncfl_jax.engine.inputs import (LookaheadPlan, ScheduleArrays, StepArrays, lookahead_plan, lookahead_summary,
                                        schedule_arrays, slice_steps, stack_schedules)
-from asyncfl_jax.engine.step import Program, make_program
+from asyncfl_jax.engine.step import Program, build_program, make_program
 from asyncfl_jax.task import Task
 from asyncfl_jax.timing.clock import EventClock, OpenJobs, Trace, realized_schedule, stack_tables
 from asyncfl_jax.timing.schedule import Schedule
@@ -103,9 +103,8 @@ class PresampledTimeline:
 
     def program(self, task: Task, algorithm: Algorithm, local: LocalConfig, constrain_jobs: Any) -> Program:
         """Train at dispatch, or lookahead batching."""
-        store = "lookahead" if self.lookahead > 1 else "dispatch"
-        return make_program(task, algorithm, local, PresampledClock(), store, num_slots=self.num_slots,
-                            lookahead=self.lookahead, constrain_jobs=constrain_jobs)
+        return build_program(task, algorithm, local, self.num_slots, lookahead=self.lookahead,
+                             constrain_jobs=constrain_jobs)
 
     def chunk_inputs(self, inputs: ScheduleArrays, start: int, stop: int, carry: Any) -> StepArrays:
         del carry
