@@ -33,8 +33,8 @@ import threading
 from typing import Any, Sequence
 
 from asyncfl_jax.algorithms import REGISTRY
-from asyncfl_jax.presets import get_preset
-from asyncfl_jax.config import ConfigError, ExperimentConfig, parse_value, set_option, validate
+from asyncfl_jax.presets import get_preset, unavailable
+from asyncfl_jax.config import ConfigError, ExperimentConfig, parse_value, resolve, set_option, validate
 
 
 def _parse_list(text: str, cast=float) -> list:
@@ -135,8 +135,12 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
             chosen = get_preset(args.preset)
         except ValueError as e:
             raise ConfigError(f"invalid option --preset = {args.preset!r}: {e}") from None
-        local = chosen.pop("local")
-        raw["local"].update({k: v for k, v in local.items()})
+        problem = unavailable(chosen)
+        if problem is not None:
+            raise ConfigError(f"--preset {args.preset} cannot run here: {problem}")
+        raw["local"].update(chosen.pop("local"))
+        raw["data"].update(chosen.pop("data"))
+        raw["model"].update(chosen.pop("model"))
         raw["runs"] = [{**chosen, "arrivals": 3000}]
     put("data.name", args.dataset)
     put("data.path", args.data_dir)
@@ -218,6 +222,13 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
             run["protocol"]["concurrency"] = raw["data"]["num_clients"]
     put("output", args.out)
     return ExperimentConfig.from_dict(raw)
+
+
+def config_from_argv(argv: Sequence[str]) -> ExperimentConfig:
+    """The configuration ``asyncfl run ARGV...`` would run (not validated), e.g.
+    ``config_from_argv(["--algorithm", "ace", "--hparam", "server_lr=0.02,0.05"])``."""
+    args = _build_parser().parse_args(["run", *argv])
+    return _config_from_args(args)
 
 
 def _print_algorithms() -> None:
@@ -318,19 +329,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "presets":
         from asyncfl_jax.presets import PRESETS
 
+        from asyncfl_jax.presets import unavailable as why_not
+
         for name, p in PRESETS.items():
+            state = "" if why_not(p) is None else " [not runnable here: no loader for its dataset]"
             print(f"{name}: {p['algorithm']} {p['options']} {p['hparams']} protocol={p['protocol']['name']} "
-                  f"local={p['local']}")
+                  f"local={p['local']} data={p['data']['name']} ({p['data']['num_clients']} clients) "
+                  f"model={p['model']['name']}{state}")
         return 0
     if args.command == "algorithms":
         _print_algorithms()
         return 0
     try:
         cfg = _resumed_config(args) if args.resume is not None else _config_from_args(args)
-        if args.print_config:
-            print(json.dumps(cfg.to_dict(), indent=2))
+        if args.print_config:  # every option, defaults written out; dataset files need not exist yet
+            validate(cfg, check_files=False)
+            print(json.dumps(resolve(cfg).to_dict(), indent=2))
             return 0
         validate(cfg)
+        cfg = resolve(cfg)
         if args.checkpoint_every < 1:
             raise ConfigError(f"invalid option --checkpoint-every = {args.checkpoint_every}: must be an integer >= 1")
         resume = True if args.resume is not None else _check_output(cfg, args.overwrite)

@@ -342,10 +342,43 @@ def check_hparam(option: str, name: str, value: Any) -> None:
             _fail(option, value, f"must be in {interval}")
 
 
-def validate(cfg: ExperimentConfig) -> None:
+def resolve(cfg: ExperimentConfig) -> ExperimentConfig:
+    """The same experiment with every default written out (what ``--print-config`` prints and ``config.json``
+    holds): all delay-model fields, each run's algorithm options, and each run's algorithm hyper-parameters (the
+    local-training ones, ``client_lr``, ``momentum``, ``weight_decay``, stay in the ``local`` section unless the run
+    overrides them; delay-adaptive ASGD's ``tau_c`` defaults to the run's concurrency). Resolving a resolved
+    configuration changes nothing. ``cfg`` must be valid (:func:`validate`)."""
+    from asyncfl_jax.client import LOCAL_HPARAMS
+
+    raw = cfg.to_dict()
+    raw["delays"] = {**dataclasses.asdict(cfg.delay_model())}
+    if raw["delays"]["dropout_time"] == math.inf:  # JSON has no inf: "never" is the default, written as null
+        raw["delays"]["dropout_time"] = None
+    for run, entry in zip(cfg.runs, raw["runs"]):
+        algorithm = get_algorithm(run.algorithm, **run.options)
+        entry["options"] = dict(algorithm.options)
+        defaults = {k: v for k, v in algorithm.hyperparams.items() if k not in LOCAL_HPARAMS}
+        if "tau_c" in defaults:
+            defaults["tau_c"] = float(run_concurrency(run, cfg.data.num_clients))
+        entry["hparams"] = {**defaults, **run.hparams}
+    return ExperimentConfig.from_dict(raw)
+
+
+def run_concurrency(run: RunConfig, num_clients: int) -> int:
+    """Clients training at once under the run's protocol (for synchronous rounds: the participants)."""
+    p = run.protocol
+    if p.name == "concurrent":
+        return p.concurrency
+    if p.name == "synchronous" and p.participants is not None:
+        return p.participants
+    return num_clients
+
+
+def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     """Checks every option; raises :class:`ConfigError` naming the option, the value and what is allowed.
 
-    Also checks that dataset files exist, so nothing is compiled for a run that cannot load its data.
+    Also checks (unless ``check_files=False``) that dataset files exist, so nothing is compiled for a run that cannot
+    load its data.
     """
     d = cfg.data
     _check_choice("data.name", d.name, DATASETS)
@@ -367,14 +400,14 @@ def validate(cfg: ExperimentConfig) -> None:
         _check_int("data.synthetic_max_samples", d.synthetic_max_samples, 50,
                    "must be null or an integer >= 50 (the smallest client size of LEAF Synthetic)")
     _check_int("data.seed", d.seed, 0)
-    if d.name in ("fashion_mnist", "mnist"):
+    if d.name in ("fashion_mnist", "mnist") and check_files:
         from asyncfl_jax.data.idx import DatasetNotFoundError, find_idx_dir
 
         try:
             find_idx_dir(d.name, d.path)
         except DatasetNotFoundError as e:
             raise ConfigError(f"invalid option data.name = {d.name!r}: the dataset files are missing.\n{e}") from None
-    if d.name in TFDS_DATASETS:
+    if d.name in TFDS_DATASETS and check_files:
         from asyncfl_jax.data.idx import DatasetNotFoundError
         from asyncfl_jax.data.tfds_data import find_tfds_dir
 

@@ -29,7 +29,7 @@ import numpy as np
 from asyncfl_jax import checkpoint
 from asyncfl_jax.algorithms import get_algorithm
 from asyncfl_jax.client import LocalConfig
-from asyncfl_jax.config import ConfigError, ExperimentConfig, RunConfig, validate
+from asyncfl_jax.config import ConfigError, ExperimentConfig, RunConfig, resolve, run_concurrency, validate
 from asyncfl_jax.data.partition import partition as split_clients
 from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.engine import simulate
@@ -122,16 +122,6 @@ def _same_widths(schedules: list[Schedule]) -> list[Schedule]:
     return [s.pad(buffer_width=m, dispatch_width=d) for s in schedules]
 
 
-def concurrency(run: RunConfig, num_clients: int) -> int:
-    """Clients training at once under the run's protocol (for synchronous rounds: the participants)."""
-    p = run.protocol
-    if p.name == "concurrent":
-        return p.concurrency
-    if p.name == "synchronous" and p.participants is not None:
-        return p.participants
-    return num_clients
-
-
 def run_experiment(
     cfg: ExperimentConfig,
     run: RunConfig,
@@ -153,7 +143,7 @@ def run_experiment(
     )
     hparams = {**cfg.local.hparams(), **run.hparams}
     if "tau_c" in algorithm.hyperparams and "tau_c" not in run.hparams:
-        hparams["tau_c"] = float(concurrency(run, cfg.data.num_clients))  # delay-adaptive ASGD: tau_C = Mc
+        hparams["tau_c"] = float(run_concurrency(run, cfg.data.num_clients))  # delay-adaptive ASGD: tau_C = Mc
     return simulate(
         task,
         algorithm,
@@ -247,10 +237,21 @@ def output_status(cfg: ExperimentConfig) -> OutputStatus:
         return OutputStatus("foreign")
     if not isinstance(saved, dict):
         return OutputStatus("foreign")
-    differences = config_differences(_comparable(saved), _comparable(cfg.to_dict()))
+    differences = config_differences(_comparable(_resolved_dict(saved)), _comparable(_resolved_dict(cfg.to_dict())))
     if differences:
         return OutputStatus("different", tuple(differences))
     return OutputStatus("finished" if os.path.exists(os.path.join(out, "summary.json")) else "unfinished")
+
+
+def _resolved_dict(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with every default written out (:func:`~asyncfl_jax.config.resolve`), so that two ways of writing
+    one experiment compare equal; a configuration that is not valid is compared as written."""
+    try:
+        cfg = ExperimentConfig.from_dict(config)
+        validate(cfg, check_files=False)
+        return resolve(cfg).to_dict()
+    except (ConfigError, TypeError, ValueError):
+        return config
 
 
 OUTPUT_FILES = ("config.json", "environment.json", "metrics.csv", "summary.json", "accuracy.png")
@@ -295,6 +296,7 @@ def run_config(
     another configuration.
     """
     validate(cfg)
+    cfg = resolve(cfg)  # config.json holds every default
     environment = environment_info() if write else None
     config = cfg.to_dict()
     checkpointing = write and checkpoint_every is not None

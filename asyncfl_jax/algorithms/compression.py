@@ -497,13 +497,24 @@ def asynfl(normalization: str = "clients") -> Algorithm:
     )
 
 
+_error_feedback = error_feedback  # asynflc_ef's keyword of the same name hides the function inside it
+
+
 def asynflc(compressor: str = DEFAULT_COMPRESSOR, normalization: str = "clients", compression_seed: int = 0,
-            **compressor_options: Any) -> Algorithm:
-    """AsynFLC (Eq. 7): AsynFL with compressed uploads ``C(Delta_i)``, no error feedback (default: top-k, 3%)."""
+            error_feedback: bool = False, **compressor_options: Any) -> Algorithm:
+    """AsynFLC (Eq. 7): AsynFL with compressed uploads ``C(Delta_i)``, no error feedback (default: top-k, 3%).
+
+    ``error_feedback`` is accepted so that the algorithm's own ``options`` build it again; it must be False."""
+    if error_feedback is not False:
+        raise ValueError("asynflc has no error feedback (error_feedback must be false); use asynflc_ef")
     return compressed(asynfl(normalization), compressor, compression_seed=compression_seed, **compressor_options)
 
 
 def asynflc_ef(compressor: str = DEFAULT_COMPRESSOR, normalization: str = "clients", compression_seed: int = 0,
-               **compressor_options: Any) -> Algorithm:
-    """AsynFLC-EF (Eqs. 8-10, Alg. 1): AsynFL with error feedback on the clients (default: top-k, 3%)."""
-    return error_feedback(asynfl(normalization), compressor, compression_seed=compression_seed, **compressor_options)
+               error_feedback: bool = True, **compressor_options: Any) -> Algorithm:
+    """AsynFLC-EF (Eqs. 8-10, Alg. 1): AsynFL with error feedback on the clients (default: top-k, 3%).
+
+    ``error_feedback`` is accepted so that the algorithm's own ``options`` build it again; it must be True."""
+    if error_feedback is not True:
+        raise ValueError("asynflc_ef is AsynFLC with error feedback (error_feedback must be true); use asynflc")
+    return _error_feedback(asynfl(normalization), compressor, compression_seed=compression_seed, **compressor_options)

@@ -216,7 +216,8 @@ class DelayModel:
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> "DelayModel":
-        """Inverse of :meth:`to_dict`; missing keys take their defaults, unknown keys raise ``ValueError``."""
+        """Inverse of :meth:`to_dict`; missing keys take their defaults, unknown keys raise ``ValueError``;
+        ``dropout_time: null`` means never (``inf``)."""
         if isinstance(config, DelayModel):
             return config
         if not isinstance(config, Mapping):
@@ -225,7 +226,10 @@ class DelayModel:
         unknown = [k for k in config if k not in valid]
         if unknown:
             raise ValueError(f"delays: unknown key {unknown[0]!r}; valid keys are {valid}")
-        return cls(**dict(config))
+        values = dict(config)
+        if "dropout_time" in values and values["dropout_time"] is None:  # null in JSON: never (inf)
+            values["dropout_time"] = math.inf
+        return cls(**values)
 
     # ------------------------------------------------------------------ sampling
     def sample_speeds(self, rng: np.random.Generator, n: int) -> np.ndarray:
