@@ -22,6 +22,13 @@ fedprox       mu (synchronous rounds of all clients)      0.1          1        
 fedavg        (synchronous rounds of all clients)         -            -            -
 ============  ==========================================  ===========  ===========  ===========
 
+Each preset carries its task: Synthetic(1, 1) with its 10 natural clients and the MLP 60-200-200-10 (digest 001,
+sections 5.1, 5.2 and 6.1); FEMNIST (10 writers, ``femnist_cnn``) and Shakespeare (10 speaking roles,
+``shakespeare_lstm``) are named by their presets but this version has no loader for the writer- and role-partitioned
+LEAF data, so ``asyncfl run --preset asyncfeded/femnist/...`` and ``.../shakespeare/...`` stop with exit code 2 and
+say so (:func:`unavailable`) rather than run another task under the paper's name. :func:`get_preset` still returns
+their hyper-parameters for use from Python.
+
 Not reproduced: the paper decays the local learning rate by 0.995 (per local round, digest recommendation); here it
 is constant. AsyncFedED's K is capped at 50 (the paper has no cap; digest 001, section 2.6).
 """
@@ -34,6 +41,15 @@ from typing import Any
 
 _ASYNC = {"name": "event_clock"}  # every client always training, one arrival per step, durations follow K
 _SYNC = {"name": "synchronous", "participants": None}
+
+_ASYNCFEDED_DATA = {
+    # task: (data section, model section) of the configuration
+    "synthetic": ({"name": "synthetic", "num_clients": 10, "partition": "natural", "synthetic_alpha": 1.0,
+                   "synthetic_beta": 1.0}, {"name": "mlp", "hidden": [200, 200]}),
+    "femnist": ({"name": "leaf/femnist", "num_clients": 10, "partition": "natural"}, {"name": "femnist_cnn"}),
+    "shakespeare": ({"name": "leaf/shakespeare", "num_clients": 10, "partition": "natural"},
+                    {"name": "shakespeare_lstm"}),
+}
 
 _ASYNCFEDED_TASKS = {
     # task: (local lr, AsyncFedED (lambda, epsilon, gamma_bar, kappa), Constant alpha, Hinge (a, b), FedProx mu)
@@ -61,13 +77,29 @@ def _asyncfeded_presets() -> dict[str, dict[str, Any]]:
             "fedprox": {"algorithm": "fedavg", "options": {}, "hparams": {"prox_mu": mu}, "protocol": _SYNC},
             "fedavg": {"algorithm": "fedavg", "options": {}, "hparams": {}, "protocol": _SYNC},
         }
+        data, model = _ASYNCFEDED_DATA[task]
         for method, run in runs.items():
-            out[f"asyncfeded/{task}/{method}"] = {**run, "label": method, "local": local}
+            out[f"asyncfeded/{task}/{method}"] = {**run, "label": method, "local": local, "data": data,
+                                                  "model": model}
     return out
 
 
 PRESETS: dict[str, dict[str, Any]] = _asyncfeded_presets()
-"""Every preset by name: ``{"label", "algorithm", "options", "hparams", "protocol", "local"}``."""
+"""Every preset by name: ``{"label", "algorithm", "options", "hparams", "protocol", "local", "data", "model"}``
+(``data`` and ``model``: the configuration sections of the paper's task)."""
+
+
+def unavailable(preset: dict[str, Any]) -> str | None:
+    """Why the preset's task cannot run in this version (its dataset has no loader here), or None when it can."""
+    from asyncfl_jax.config import DATASETS
+
+    name = preset["data"]["name"]
+    if name in DATASETS:
+        return None
+    return (f"its task is {name.split('/')[-1]} with its natural clients and the {preset['model']['name']} model, "
+            "and this version of asyncfl_jax has no loader for that dataset (it will not run another task under the "
+            "paper's name); the asyncfeded/synthetic/... presets run, and `asyncfl presets` shows this one's "
+            "hyper-parameters for use with your own data")
 
 
 def get_preset(name: str) -> dict[str, Any]:
