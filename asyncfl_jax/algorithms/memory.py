@@ -32,7 +32,9 @@ downhill: ``G_j <- Delta_j`` for the arrivals (``G_i = 0`` before client ``i``'s
 MIFA for arbitrary participation; asynchronously it is ACE with local steps.
 
 With ``cache="int8"`` (and int4/int2, bfloat16) the cache is stored quantized (ACE-8bit, ACED-8bit; digest §2.4):
-clients still send full-precision vectors and the server averages the stored ``Q(U_i)``.
+clients still send full-precision vectors and the server averages the stored ``Q(U_i)``. ``cache_code="absmax"``
+stores the symmetric per-row absmax code instead of the min-max one (ACE digest §8 item 19; see
+:mod:`asyncfl_jax.algorithms.cache`).
 """
 
 from __future__ import annotations
