@@ -396,3 +396,11 @@ def test_cli_passes_and_checks_convention_options(capsys):
     cfg = cli._config_from_args(args)
     validate(cfg)
     assert cfg.runs[0].options == {"weights": "data_size"}
+
+
+def test_arrival_sizes_are_the_clients_example_counts():
+    from asyncfl_jax.engine.jobs import arrival_sizes
+    counts = task_arrays(TASK).train.counts
+    assert [int(c) for c in counts] == [SIZES[c] for c in range(N)]
+    got = arrival_sizes(counts, jnp.array([2, -1, 0, 2]), jnp.array([True, False, True, True]))
+    np.testing.assert_array_equal(got, [SIZES[2], 0.0, SIZES[0], SIZES[2]])
