@@ -49,6 +49,10 @@ class ServerMeta(NamedTuple):
       time: float32 scalar, the virtual time of the step.
       key: a PRNG key of this step for the server's own randomness (stochastic rounding of quantized caches);
         independent of every client's training key.
+      sizes: float32 [M], the number of training examples ``n_i`` of each arriving client (0 for padding), as a
+        client reports it with its upload (McMahan et al.'s ``n_k``); read by the data-size weighted rules
+        (``fedavg(weights="data_size")``). The engine always fills it; ``None`` where a caller builds a meta by hand
+        without it, and a rule that needs it then refuses to trace.
     """
 
     clients: jax.Array
@@ -57,6 +61,7 @@ class ServerMeta(NamedTuple):
     step: jax.Array
     time: jax.Array
     key: jax.Array | None = None
+    sizes: jax.Array | None = None
 
 
 class ServerState(NamedTuple):

@@ -12,7 +12,10 @@ average of the buffered deltas:
 
     FedAvg (McMahan et al. 2017, with a server learning rate as in FedOpt):
         x_{t+1} = x_t + eta_g (1/|S_t|) sum_{i in S_t} Delta_i      (S_t: this round's participants)
-    Clients are weighted uniformly, as in all the source papers (not by data size).
+    Clients are weighted uniformly by default, as in all the source papers' own methods; ``weights="data_size"`` is
+    McMahan et al.'s ``n_k / n`` weighting (AsyncFedED's Eq. 38 baseline, without its spurious 1/m, digest 001 §3.1):
+        x_{t+1} = x_t + eta_g sum_{i in S_t} n_i Delta_i / sum_{i in S_t} n_i
+    normalized by the sizes of the step's arrivals (with full participation, the ``n`` of all clients).
 
     Asynchronous SGD (buffer of one): every arrival is applied on its own,
         x <- x + eta_g Delta_i        (or x <- x - eta_g g_i when clients upload gradients).
@@ -69,19 +72,40 @@ def fedbuff(staleness: str = "constant", normalization: str = "buffer") -> Algor
     )
 
 
-def fedavg() -> Algorithm:
-    """FedAvg: ``x <- x + eta_g * mean_{i in S_t} Delta_i`` over one synchronous round's participants.
+def fedavg(weights: str = "uniform") -> Algorithm:
+    """FedAvg: ``x <- x + eta_g * sum_i w_i Delta_i / sum_i w_i`` over one synchronous round's participants ``S_t``.
 
-    Use it with the "synchronous" protocol (full or sampled participation). Hyper-parameter: ``server_lr`` (1.0 is
-    the original FedAvg).
+    Use it with the "synchronous" protocol (full or sampled participation); FedProx is this server with the local
+    ``prox_mu`` term, S-FedAvg this server with sampled participants. Hyper-parameter: ``server_lr`` (1.0 is the
+    original FedAvg).
+
+    Args:
+      weights: "uniform" (``w_i = 1``, the default) or "data_size" (``w_i = n_i``, the client's number of training
+        examples, read from :attr:`ServerMeta.sizes`: McMahan et al.'s ``n_k / n`` weights, AsyncFedED's Eq. 38).
+        The weights are normalized over the step's arrivals; a client that arrives twice in a step counts twice.
     """
+    if weights not in FEDAVG_WEIGHTS:
+        raise ValueError(f"fedavg weights must be one of {list(FEDAVG_WEIGHTS)}, got {weights!r}")
 
     def server(state: ServerState, deltas: jnp.ndarray, meta: ServerMeta, hp: HParams) -> ServerState:
-        w = meta.mask.astype(deltas.dtype)
-        mean_delta = masked_weighted_sum(deltas, w) / jnp.maximum(jnp.sum(w), 1.0)
+        w = arrival_weights(meta, weights).astype(deltas.dtype)
+        mean_delta = masked_weighted_sum(deltas, w) / jnp.maximum(jnp.sum(w), 1.0)  # sum w_i Delta_i / sum w_i
         return ServerState(x=state.x + hp["server_lr"] * mean_delta)
 
-    return model_only_algorithm("fedavg", server, hyperparams={"server_lr": 1.0})
+    return model_only_algorithm("fedavg", server, hyperparams={"server_lr": 1.0}, options={"weights": weights})
+
+
+FEDAVG_WEIGHTS = ("uniform", "data_size")
+
+
+def arrival_weights(meta: ServerMeta, weights: str) -> jnp.ndarray:
+    """The weight of each arrival: 1 ("uniform") or its client's data size ``n_i`` ("data_size"); 0 for padding."""
+    if weights == "uniform":
+        return meta.mask.astype(jnp.float32)
+    if meta.sizes is None:
+        raise ValueError('weights="data_size" needs the clients\' data sizes in ServerMeta.sizes (the engine fills '
+                         "them; a ServerMeta built by hand must give sizes)")
+    return jnp.where(meta.mask, meta.sizes, 0.0).astype(jnp.float32)
 
 
 UPLOADS = ("delta", "gradient")

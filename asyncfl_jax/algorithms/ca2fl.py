@@ -13,8 +13,13 @@ in the digest's streaming form, so a step costs O(|S_t| d), never O(n d) (one ga
     acc = sum_{i in S_t} (Delta_i - H[i]);  H[i] = Delta_i;  v = hbar + acc / |S_t|;  x += eta v;  hbar += acc / n
 
 Arrivals are applied in order, so a client that arrives twice in one step (possible with immediate refill)
-contributes ``(Delta_1 - h_old) + (Delta_2 - Delta_1)`` and ends with ``h = Delta_2``, as the sequential rule does. With ``h = 0`` at the start the first step is
-FedBuff's average.
+contributes ``(Delta_1 - h_old) + (Delta_2 - Delta_1)`` and ends with ``h = Delta_2``, as the sequential rule does.
+With ``h = 0`` at the start the first step is FedBuff's average.
+
+The divisor ``|S_t|`` (option ``normalize``) is the number of arrivals by default ("arrivals", the buffer size M of
+CA2FL's Alg. 1, where every arrival is a distinct message); "distinct" divides by the number of distinct clients among
+them, as the ACE paper's CA2FL baseline does (ACE digest §2.5, Alg. a.3: "S <- S u {i}", both calibrated terms of a
+client that arrives twice accumulated). The two agree whenever no client arrives twice in a step.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from asyncfl_jax.algorithms.base import (
     no_client_state,
     send_result,
 )
-from asyncfl_jax.algorithms.cache import make_cache, replace_rows
+from asyncfl_jax.algorithms.cache import CODES, make_cache, replace_rows
 
 
 class CA2FLState(NamedTuple):
@@ -50,7 +55,11 @@ class CA2FLState(NamedTuple):
     cache_mean: jax.Array
 
 
-def ca2fl(cache: str = "float32", cache_rounding: str = "stochastic", quantize_fresh: bool = False) -> Algorithm:
+NORMALIZATIONS = ("arrivals", "distinct")
+
+
+def ca2fl(cache: str = "float32", cache_rounding: str = "stochastic", quantize_fresh: bool = False,
+          normalize: str = "arrivals", cache_code: str = "minmax") -> Algorithm:
     """CA2FL: the FedBuff step calibrated by a server cache of every client's latest delta.
 
     Use it with the paper's schedule: the "concurrent" protocol with ``refill="boundary"`` (Mc = 20, M = 10).
@@ -62,8 +71,13 @@ def ca2fl(cache: str = "float32", cache_rounding: str = "stochastic", quantize_f
         is the mean of the stored ``Q`` values; the fresh term of ``v`` uses the full-precision ``Delta_i``.
       cache_rounding: "stochastic" (unbiased, the paper's assumption) or "nearest" (deterministic).
       quantize_fresh: use ``Q(Delta_i)`` in the fresh term too (the form of the paper's App. G proof).
+      normalize: the ``|S_t|`` of line 9: "arrivals" (the number of arrivals, default) or "distinct" (the number of
+        distinct arriving clients, the ACE paper's CA2FL baseline, Alg. a.3).
+      cache_code: the code of the int caches, "minmax" or "absmax" (:mod:`asyncfl_jax.algorithms.cache`).
     """
-    store = make_cache(cache, cache_rounding)
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"ca2fl normalize must be one of {list(NORMALIZATIONS)}, got {normalize!r}")
+    store = make_cache(cache, cache_rounding, cache_code)
 
     def init(x0: jax.Array, num_clients: int) -> CA2FLState:
         return CA2FLState(x=x0, cache=store.init(num_clients, x0.shape[0]), cache_mean=jnp.zeros_like(x0))
@@ -73,7 +87,8 @@ def ca2fl(cache: str = "float32", cache_rounding: str = "stochastic", quantize_f
         r = replace_rows(store, state.cache, deltas, meta.clients, meta.mask, meta.key)  # h_i <- Q(Delta_i) (l. 11)
         fresh = r.stored if quantize_fresh else deltas
         acc = jnp.sum(jnp.where(meta.mask[:, None], fresh - r.previous, 0.0), axis=0)  # sum (Delta_i - h_i)
-        arrivals = jnp.maximum(jnp.sum(meta.mask), 1)
+        counted = meta.mask if normalize == "arrivals" else r.last  # every arrival, or each client once
+        arrivals = jnp.maximum(jnp.sum(counted), 1)
         v = state.cache_mean + acc / arrivals  # v_t = hbar + (1/|S_t|) sum (Delta_i - h_i)   (line 9)
         return CA2FLState(
             x=state.x + hp["server_lr"] * v,  # x_{t+1} = x_t + eta v_t   (line 10)
@@ -89,13 +104,22 @@ def ca2fl(cache: str = "float32", cache_rounding: str = "stochastic", quantize_f
         params=model_of,
         init_clients=no_client_state,
         hyperparams={"server_lr": 1.0},
-        options={"cache": cache, "cache_rounding": cache_rounding, "quantize_fresh": quantize_fresh},
+        options={"cache": cache, "cache_rounding": cache_rounding, "quantize_fresh": quantize_fresh,
+                 "normalize": normalize, "cache_code": cache_code},
     )
 
 
-def mf_ca2fl(bits: int = 8, rounding: str = "stochastic", quantize_fresh: bool = False) -> Algorithm:
-    """MF-CA2FL (memory-friendly CA2FL, digest §2.4): CA2FL with the cache stored in ``bits`` in {8, 4, 2} bits."""
+def mf_ca2fl(bits: int = 8, rounding: str = "stochastic", quantize_fresh: bool = False, normalize: str = "arrivals",
+             code: str = "minmax") -> Algorithm:
+    """MF-CA2FL (memory-friendly CA2FL, digest §2.4): CA2FL with the cache stored in ``bits`` in {8, 4, 2} bits.
+
+    ``rounding``, ``quantize_fresh``, ``normalize`` and ``code`` are :func:`ca2fl`'s ``cache_rounding``,
+    ``quantize_fresh``, ``normalize`` and ``cache_code``."""
     if bits not in (8, 4, 2):
         raise ValueError(f"mf_ca2fl bits must be 8, 4 or 2, got {bits!r}")
-    algorithm = ca2fl(cache=f"int{bits}", cache_rounding=rounding, quantize_fresh=quantize_fresh)
-    return algorithm._replace(options={"bits": bits, "rounding": rounding, "quantize_fresh": quantize_fresh})
+    if code not in CODES:
+        raise ValueError(f"mf_ca2fl code must be one of {list(CODES)}, got {code!r}")
+    algorithm = ca2fl(cache=f"int{bits}", cache_rounding=rounding, quantize_fresh=quantize_fresh,
+                      normalize=normalize, cache_code=code)
+    return algorithm._replace(options={"bits": bits, "rounding": rounding, "quantize_fresh": quantize_fresh,
+                                       "normalize": normalize, "code": code})

@@ -18,6 +18,18 @@ strategy these algorithms are built with (a combinator: the algorithm's rule is 
   row costs ``ceil(d b / 8)`` bytes plus two float32 numbers: the 4x / 8x / 16x saving over float32 that the papers
   count. The scale is per row (one per client vector) rather than per layer.
 
+  That is the ``"minmax"`` code (option ``cache_code``, the default). The ``"absmax"`` code is the symmetric one, the
+  reading of ACE-8bit's "standard unbiased quantization" in ACE digest §8 item 19 (absmax scale, int8 in
+  [-127, 127], the scale in float32)::
+
+      L = 2^(b-1) - 1,  scale = max|v| / L
+      q = clip(floor(v / scale + r), -L, L)        r as above
+      Q(v) = q * scale                             (Q(0) = 0)
+
+  with the levels ``-L..L`` (int8: -127..127, int4: -7..7, int2: -1..1), stored as the b-bit codes ``q + L`` beside
+  one float32 scale: a row costs ``ceil(d b / 8) + 4`` bytes. Stochastic rounding is unbiased here too (``v / scale``
+  lies in ``[-L, L]``), with per-entry variance at most ``scale^2 / 4``; zero is represented exactly.
+
 The algorithms keep the running mean of the *stored* rows (``hbar``, ``u``) in float32 beside the cache, so every
 read of "the cache" sees the same values the mean was built from.
 
@@ -37,6 +49,7 @@ from asyncfl_jax.algorithms.base import after, read_rows
 
 CACHE_KINDS = ("float32", "bfloat16", "int8", "int4", "int2")
 ROUNDINGS = ("stochastic", "nearest")
+CODES = ("minmax", "absmax")
 _BITS = {"int8": 8, "int4": 4, "int2": 2}
 
 
@@ -81,6 +94,46 @@ def dequantize(q: QuantizedRows, bits: int, dim: int) -> jax.Array:
     return q.lo[:, None] + codes * q.scale[:, None]
 
 
+class AbsmaxRows(NamedTuple):
+    """Rows stored as packed b-bit symmetric codes: ``Q(v)[j] = (code[j] - L) * scale``, ``L = 2^(bits-1) - 1``.
+
+    Attributes:
+      codes: uint8 [k, ceil(d * bits / 8)], the levels ``q + L`` in ``[0, 2L]``, packed as :class:`QuantizedRows`'.
+      scale: float32 [k], each row's ``max|v| / L`` (0 for a zero row).
+    """
+
+    codes: jax.Array
+    scale: jax.Array
+
+
+def quantize_absmax(values: jax.Array, bits: int, rounding: str = "stochastic",
+                    key: jax.Array | None = None) -> AbsmaxRows:
+    """Quantizes each row of ``values`` [k, d] to the symmetric ``bits``-bit code (see the module docstring)."""
+    if bits not in (8, 4, 2):
+        raise ValueError(f"bits must be 8, 4 or 2, got {bits!r}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {list(ROUNDINGS)}, got {rounding!r}")
+    values = values.astype(jnp.float32)
+    levels = 2 ** (bits - 1) - 1
+    scale = jnp.max(jnp.abs(values), axis=1) / levels  # max|v| / L
+    safe = jnp.where(scale > 0, scale, 1.0)
+    if rounding == "nearest":
+        r = jnp.float32(0.5)
+    else:
+        if key is None:
+            raise ValueError("stochastic rounding needs a PRNG key")
+        r = jax.random.uniform(key, values.shape, jnp.float32)
+    q = jnp.clip(jnp.floor(values / safe[:, None] + r), -levels, levels)  # in {-L, ..., L}
+    return AbsmaxRows(codes=_pack((q + levels).astype(jnp.uint8), bits), scale=scale)
+
+
+def dequantize_absmax(q: AbsmaxRows, bits: int, dim: int) -> jax.Array:
+    """``Q(v) = (code - L) * scale`` as float32 [k, dim]."""
+    levels = 2 ** (bits - 1) - 1
+    codes = _unpack(q.codes, bits, dim).astype(jnp.float32)
+    return (codes - levels) * q.scale[:, None]
+
+
 def _pack(codes: jax.Array, bits: int) -> jax.Array:
     per = 8 // bits
     if per == 1:
@@ -112,10 +165,13 @@ class ClientCache(NamedTuple):
     * ``write(store, rows, encoded) -> store``: sets rows (index ``n`` = dropped); to keep the write in place, the
       encoded values must be computed after every read of the store (:func:`replace_rows` does this).
     * ``bytes_per_client(d)``: memory of one row.
+
+    ``code`` ("minmax" or "absmax") is the code of the int kinds (ignored by "float32" and "bfloat16").
     """
 
     kind: str
     rounding: str
+    code: str = "minmax"
 
     @property
     def bits(self) -> int:
@@ -126,8 +182,10 @@ class ClientCache(NamedTuple):
             return jnp.zeros((n, d), jnp.float32)
         if self.kind == "bfloat16":
             return jnp.zeros((n, d), jnp.uint16)  # the bits of bfloat16 values (see encode)
-        return QuantizedRows(codes=jnp.zeros((n, _packed_width(d, self.bits)), jnp.uint8),
-                             lo=jnp.zeros((n,), jnp.float32), scale=jnp.zeros((n,), jnp.float32))
+        codes = jnp.zeros((n, _packed_width(d, self.bits)), jnp.uint8)
+        if self.code == "absmax":  # all rows zero: scale 0 (the codes are then irrelevant)
+            return AbsmaxRows(codes=codes, scale=jnp.zeros((n,), jnp.float32))
+        return QuantizedRows(codes=codes, lo=jnp.zeros((n,), jnp.float32), scale=jnp.zeros((n,), jnp.float32))
 
     def encode(self, values: jax.Array, key: jax.Array | None) -> Any:
         if self.kind == "float32":
@@ -136,6 +194,8 @@ class ClientCache(NamedTuple):
             # Stored as the raw 16 bits: XLA:CPU has no bfloat16 arithmetic and would otherwise convert the whole
             # n x d buffer to float32 and back to write one row.
             return jax.lax.bitcast_convert_type(values.astype(jnp.bfloat16), jnp.uint16)
+        if self.code == "absmax":
+            return quantize_absmax(values, self.bits, self.rounding, key)
         return quantize(values, self.bits, self.rounding, key)
 
     def decode(self, rows: Any, d: int) -> jax.Array:
@@ -143,6 +203,8 @@ class ClientCache(NamedTuple):
             return rows
         if self.kind == "bfloat16":
             return jax.lax.bitcast_convert_type(rows, jnp.bfloat16).astype(jnp.float32)
+        if self.code == "absmax":
+            return dequantize_absmax(rows, self.bits, d)
         return dequantize(rows, self.bits, d)
 
     def read(self, store: Any, rows: jax.Array, d: int) -> jax.Array:
@@ -157,20 +219,25 @@ class ClientCache(NamedTuple):
     def bytes_per_client(self, d: int) -> int:
         if self.kind in ("float32", "bfloat16"):
             return d * self.bits // 8
-        return _packed_width(d, self.bits) + 8
+        return _packed_width(d, self.bits) + (4 if self.code == "absmax" else 8)  # float32 scale (and lo)
 
 
 def _packed_width(d: int, bits: int) -> int:
     return math.ceil(d * bits / 8)
 
 
-def make_cache(kind: str = "float32", rounding: str = "stochastic") -> ClientCache:
-    """A :class:`ClientCache` of ``kind`` in :data:`CACHE_KINDS`; ``rounding`` applies to the int kinds."""
+def make_cache(kind: str = "float32", rounding: str = "stochastic", code: str = "minmax") -> ClientCache:
+    """A :class:`ClientCache` of ``kind`` in :data:`CACHE_KINDS`; ``rounding`` and ``code`` (:data:`CODES`) apply to
+    the int kinds, and ``code="absmax"`` is refused with a float kind (it would silently mean nothing)."""
     if kind not in CACHE_KINDS:
         raise ValueError(f"cache must be one of {list(CACHE_KINDS)}, got {kind!r}")
     if rounding not in ROUNDINGS:
         raise ValueError(f"cache_rounding must be one of {list(ROUNDINGS)}, got {rounding!r}")
-    return ClientCache(kind=kind, rounding=rounding)
+    if code not in CODES:
+        raise ValueError(f"cache_code must be one of {list(CODES)}, got {code!r}")
+    if code != "minmax" and kind not in _BITS:
+        raise ValueError(f"cache_code={code!r} applies to the int caches {sorted(_BITS)}, not to cache={kind!r}")
+    return ClientCache(kind=kind, rounding=rounding, code=code)
 
 
 class Replaced(NamedTuple):
@@ -180,6 +247,7 @@ class Replaced(NamedTuple):
     stored: jax.Array  # [M, d] the decoded values now stored for each arrival, Q(values)
     previous: jax.Array  # [M, d] the decoded value each arrival replaced (0 for padding)
     change: jax.Array  # [d] sum over real arrivals of (stored - previous): n times the change of the cache mean
+    last: jax.Array  # bool [M] a real arrival that is its client's last of the step (its sum: the distinct clients)
 
 
 def replace_rows(cache: ClientCache, store: Any, values: jax.Array, clients: jax.Array, mask: jax.Array,
@@ -204,7 +272,7 @@ def replace_rows(cache: ClientCache, store: Any, values: jax.Array, clients: jax
     keep = mask & ~has_later  # a client's last arrival of the step wins
     store = cache.write(store, jnp.where(keep, rows, n), encoded)
     change = jnp.sum(jnp.where(mask[:, None], stored - previous, 0.0), axis=0)
-    return Replaced(store=store, stored=stored, previous=previous, change=change)
+    return Replaced(store=store, stored=stored, previous=previous, change=change, last=keep)
 
 
 def _duplicates(rows: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -20,6 +20,11 @@ wrappers pass ``None``). Each one is registered in :data:`COMPRESSORS` with its 
   stable choice inside error feedback; "l2" is QSGD; ``basu_scaled`` divides by ``1 + min(k / s^2, sqrt(k) / s)``).
   Cost ``(b k + 32, k ceil(log2 d))``.
 
+The three quantizers take ``quant_rounding``: "stochastic" (the default, unbiased, as above) or "nearest", which
+rounds ``s |v_j| / scale`` to the nearest level (``floor(r + 1/2)``, halves up): deterministic and biased, so a run
+can be compared step by step with a deterministic reference. With "nearest" the compressor draws no random numbers
+(no key stream, no ``compression_seed``) and its cost is unchanged.
+
 k is ``k`` or ``ceil(fraction * d)`` (at least 1; default fraction 0.03, the paper's "top3"). Quantization uses
 ``s`` levels with ``b = 1 + ceil(log2(s + 1))`` bits per value (sign and magnitude); the option ``quant_bits`` b
 (default 4, "Q4b") gives ``s = 2^(b-1) - 1`` (2 -> 1, 4 -> 7, 8 -> 127; digest A6) and ``levels`` sets s directly.
@@ -81,6 +86,7 @@ DEFAULT_COMPRESSOR = "top_k"  # the paper's main setting, top3 (digest §1.5, A1
 DEFAULT_FRACTION = 0.03
 DEFAULT_QUANT_BITS = 4  # Q4b, s = 7
 NORMS = ("l2", "max")
+QUANT_ROUNDINGS = ("stochastic", "nearest")
 FLOAT_BITS = 32
 
 # ---------------------------------------------------------------------------------------------------- sizes and costs
@@ -141,33 +147,42 @@ def random_k(v: jax.Array, key: jax.Array, hp: HParams, *, fraction: float | Non
     return _keep(v, idx, v[idx] * (d / kk) if unbiased else v[idx])
 
 
-def stochastic_quantize(v: jax.Array, key: jax.Array, levels: int, norm: str = "l2") -> jax.Array:
+def stochastic_quantize(v: jax.Array, key: jax.Array | None, levels: int, norm: str = "l2",
+                        rounding: str = "stochastic") -> jax.Array:
     """``scale * sign(v_j) * xi_j / s`` with ``scale = ||v||_2`` (``norm="l2"``, QSGD) or ``max_j |v_j|`` ("max"):
     ``xi_j`` is ``floor(r_j)`` or ``floor(r_j) + 1`` with ``r_j = s |v_j| / scale``, the upper one with probability
-    ``r_j - floor(r_j)``, so ``E[Q(v)] = v``. ``Q(0) = 0``."""
+    ``r_j - floor(r_j)``, so ``E[Q(v)] = v`` (``rounding="stochastic"``); ``rounding="nearest"`` takes
+    ``xi_j = min(floor(r_j + 1/2), s)`` and needs no key. ``Q(0) = 0``."""
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {list(NORMS)}, got {norm!r}")
+    if rounding not in QUANT_ROUNDINGS:
+        raise ValueError(f"quant_rounding must be one of {list(QUANT_ROUNDINGS)}, got {rounding!r}")
     s = float(levels)
     scale = jnp.linalg.norm(v) if norm == "l2" else jnp.max(jnp.abs(v))
     safe = jnp.where(scale > 0, scale, 1.0)
     r = jnp.abs(v) / safe * s  # in [0, s]
-    lower = jnp.floor(r)
-    u = jax.random.uniform(key, v.shape, v.dtype)
-    level = jnp.minimum(lower + (u < r - lower).astype(v.dtype), s)
+    if rounding == "nearest":
+        level = jnp.minimum(jnp.floor(r + 0.5), s)
+    else:
+        if key is None:
+            raise ValueError("stochastic rounding needs a PRNG key")
+        lower = jnp.floor(r)
+        u = jax.random.uniform(key, v.shape, v.dtype)
+        level = jnp.minimum(lower + (u < r - lower).astype(v.dtype), s)
     return jnp.where(scale > 0, jnp.sign(v) * level * (scale / s), jnp.zeros_like(v))
 
 
-def qsgd(v: jax.Array, key: jax.Array, hp: HParams, *, quant_bits: int | None = DEFAULT_QUANT_BITS,
-         levels: int | None = None, norm: str = "l2") -> jax.Array:
-    """QSGD with s levels (Alistarh et al. 2017): L2-norm scale, sign, unbiased stochastic rounding."""
+def qsgd(v: jax.Array, key: jax.Array | None, hp: HParams, *, quant_bits: int | None = DEFAULT_QUANT_BITS,
+         levels: int | None = None, norm: str = "l2", quant_rounding: str = "stochastic") -> jax.Array:
+    """QSGD with s levels (Alistarh et al. 2017): L2-norm scale, sign, unbiased stochastic rounding (or nearest)."""
     del hp
-    return stochastic_quantize(v, key, quant_levels(quant_bits, levels), norm)
+    return stochastic_quantize(v, key, quant_levels(quant_bits, levels), norm, quant_rounding)
 
 
-def qsgd_max(v: jax.Array, key: jax.Array, hp: HParams, *, quant_bits: int | None = DEFAULT_QUANT_BITS,
-             levels: int | None = None) -> jax.Array:
+def qsgd_max(v: jax.Array, key: jax.Array | None, hp: HParams, *, quant_bits: int | None = DEFAULT_QUANT_BITS,
+             levels: int | None = None, quant_rounding: str = "stochastic") -> jax.Array:
     """The stochastic quantizer scaled by ``max_j |v_j|`` (unbiased; the digest's stable choice inside EF, A6)."""
-    return qsgd(v, key, hp, quant_bits=quant_bits, levels=levels, norm="max")
+    return qsgd(v, key, hp, quant_bits=quant_bits, levels=levels, norm="max", quant_rounding=quant_rounding)
 
 
 def sign(v: jax.Array, key: jax.Array | None, hp: HParams, *, scaled: bool = True) -> jax.Array:
@@ -177,16 +192,16 @@ def sign(v: jax.Array, key: jax.Array | None, hp: HParams, *, scaled: bool = Tru
     return signs * (jnp.sum(jnp.abs(v)) / v.shape[-1]) if scaled else signs
 
 
-def top_k_qsgd(v: jax.Array, key: jax.Array, hp: HParams, *, fraction: float | None = DEFAULT_FRACTION,
+def top_k_qsgd(v: jax.Array, key: jax.Array | None, hp: HParams, *, fraction: float | None = DEFAULT_FRACTION,
                k: int | None = None, quant_bits: int | None = DEFAULT_QUANT_BITS, levels: int | None = None,
-               norm: str = "max", basu_scaled: bool = False) -> jax.Array:
+               norm: str = "max", basu_scaled: bool = False, quant_rounding: str = "stochastic") -> jax.Array:
     """Top-k, then the stochastic quantizer on the k kept values (Q_s(Top_k(v)), Basu et al.); with
     ``basu_scaled`` the result is divided by ``1 + beta``, ``beta = min(k / s^2, sqrt(k) / s)``."""
     del hp
     kk = num_kept(v.shape[-1], fraction, k)
     s = quant_levels(quant_bits, levels)
     _, idx = jax.lax.top_k(jnp.abs(v), kk)
-    q = stochastic_quantize(v[idx], key, s, norm)
+    q = stochastic_quantize(v[idx], key, s, norm, quant_rounding)
     if basu_scaled:
         q = q / (1.0 + min(kk / s**2, math.sqrt(kk) / s))
     return _keep(v, idx, q)
@@ -215,7 +230,7 @@ class CompressorSpec(NamedTuple):
 
 
 _SPARSE = {"fraction": DEFAULT_FRACTION, "k": None}
-_QUANT = {"quant_bits": DEFAULT_QUANT_BITS, "levels": None}
+_QUANT = {"quant_bits": DEFAULT_QUANT_BITS, "levels": None, "quant_rounding": "stochastic"}
 COMPRESSORS: dict[str, CompressorSpec] = {
     "identity": CompressorSpec(identity, {}, lambda d, o: (FLOAT_BITS * d, 0), False),
     "top_k": CompressorSpec(top_k, dict(_SPARSE), lambda d, o: _sparse_bits(d, o, FLOAT_BITS), False),
@@ -234,7 +249,8 @@ COMPRESSOR_OPTIONS = tuple(sorted({name for spec in COMPRESSORS.values() for nam
 
 
 class Compressor(NamedTuple):
-    """A compressor with its options bound: ``compressor(v, key, hp)`` and ``compressor.bits(d)``."""
+    """A compressor with its options bound: ``compressor(v, key, hp)`` and ``compressor.bits(d)``. ``stochastic``:
+    whether this instance draws random numbers (a quantizer with ``quant_rounding="nearest"`` does not)."""
 
     name: str
     options: Mapping[str, Any]
@@ -286,12 +302,18 @@ def make_compressor(name: str = DEFAULT_COMPRESSOR, **options: Any) -> Compresso
             resolved["levels"] = _integer(name, "levels", resolved["levels"], 1)
     if "norm" in spec.defaults and resolved["norm"] not in NORMS:
         raise ValueError(f"compressor {name!r}: norm must be one of {list(NORMS)}, got {resolved['norm']!r}")
+    stochastic = spec.stochastic
+    if "quant_rounding" in spec.defaults:
+        if resolved["quant_rounding"] not in QUANT_ROUNDINGS:
+            raise ValueError(f"compressor {name!r}: quant_rounding must be one of {list(QUANT_ROUNDINGS)}, got "
+                             f"{resolved['quant_rounding']!r}")
+        stochastic = resolved["quant_rounding"] == "stochastic"
     for flag in ("unbiased", "scaled", "basu_scaled"):
         if flag in spec.defaults and not isinstance(resolved[flag], (bool, np.bool_)):
             raise ValueError(f"compressor {name!r}: {flag} must be true or false, got {resolved[flag]!r}")
         if flag in spec.defaults:
             resolved[flag] = bool(resolved[flag])
-    return Compressor(name=name, options=resolved, stochastic=spec.stochastic, spec=spec)
+    return Compressor(name=name, options=resolved, stochastic=stochastic, spec=spec)
 
 
 def _is_real(value: Any) -> bool:

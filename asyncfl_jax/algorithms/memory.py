@@ -32,7 +32,9 @@ downhill: ``G_j <- Delta_j`` for the arrivals (``G_i = 0`` before client ``i``'s
 MIFA for arbitrary participation; asynchronously it is ACE with local steps.
 
 With ``cache="int8"`` (and int4/int2, bfloat16) the cache is stored quantized (ACE-8bit, ACED-8bit; digest §2.4):
-clients still send full-precision vectors and the server averages the stored ``Q(U_i)``.
+clients still send full-precision vectors and the server averages the stored ``Q(U_i)``. ``cache_code="absmax"``
+stores the symmetric per-row absmax code instead of the min-max one (ACE digest §8 item 19; see
+:mod:`asyncfl_jax.algorithms.cache`).
 """
 
 from __future__ import annotations
@@ -86,10 +88,10 @@ def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def _memory_algorithm(name: str, direction: float, rule: str, cache: str, cache_rounding: str, init_round: bool,
-                      upload: str, server_lr: float) -> Algorithm:
+                      upload: str, server_lr: float, cache_code: str) -> Algorithm:
     """ACE (``direction = -1``, gradients) and MIFA (``+1``, deltas): ``x <- x + direction * eta * mean_i U_i``."""
     _check("rule", rule, RULES)
-    store = make_cache(cache, cache_rounding)
+    store = make_cache(cache, cache_rounding, cache_code)
 
     def init(x0: jax.Array, num_clients: int) -> MemoryState:
         return MemoryState(x=x0, cache=store.init(num_clients, x0.shape[0]), cache_mean=jnp.zeros_like(x0))
@@ -122,13 +124,14 @@ def _memory_algorithm(name: str, direction: float, rule: str, cache: str, cache_
         init_clients=no_client_state,
         upload=upload,
         hyperparams={"server_lr": server_lr},
-        options={"rule": rule, "cache": cache, "cache_rounding": cache_rounding, "init_round": init_round},
+        options={"rule": rule, "cache": cache, "cache_rounding": cache_rounding, "init_round": init_round,
+                 "cache_code": cache_code},
         init_round=InitRound(absorb=absorb) if init_round else None,
     )
 
 
 def ace(rule: str = "incremental", cache: str = "float32", cache_rounding: str = "stochastic",
-        init_round: bool = True) -> Algorithm:
+        init_round: bool = True, cache_code: str = "minmax") -> Algorithm:
     """ACE: a step on every arrival with the 1/n mean of all clients' latest gradients.
 
     Use it with the "all_active" protocol (every client always computing, one arrival per step). Clients upload one
@@ -140,23 +143,26 @@ def ace(rule: str = "incremental", cache: str = "float32", cache_rounding: str =
       cache: cache storage: "float32", "bfloat16", or "int8"/"int4"/"int2" (``"int8"`` is ACE-8bit).
       cache_rounding: "stochastic" (unbiased, default) or "nearest" for the int caches.
       init_round: start with the initialization round at ``w^0`` (the paper); else the cache starts at zero.
+      cache_code: the code of the int caches: "minmax" (per-row min-max, default) or "absmax" (symmetric per-row
+        absmax, levels ``-(2^(b-1)-1)..2^(b-1)-1``: the ACE digest's item 19 reading of ACE-8bit).
     """
-    return _memory_algorithm("ace", -1.0, rule, cache, cache_rounding, init_round, "gradient", 0.1)
+    return _memory_algorithm("ace", -1.0, rule, cache, cache_rounding, init_round, "gradient", 0.1, cache_code)
 
 
 def mifa(rule: str = "incremental", cache: str = "float32", cache_rounding: str = "stochastic",
-         init_round: bool = False) -> Algorithm:
+         init_round: bool = False, cache_code: str = "minmax") -> Algorithm:
     """MIFA: ``x <- x + eta (1/n) sum_i G_i`` with ``G_i`` every client's latest delta (zero before its first report).
 
     Use it with the "synchronous" protocol with sampled participants (the original setting) or asynchronously.
     Hyper-parameter ``server_lr`` (eta, default 1.0). ``init_round=True`` fills the memory with every client's delta
-    at ``x0`` first (and takes that step), instead of starting from zeros.
+    at ``x0`` first (and takes that step), instead of starting from zeros. ``cache``, ``cache_rounding`` and
+    ``cache_code`` as for :func:`ace`.
     """
-    return _memory_algorithm("mifa", 1.0, rule, cache, cache_rounding, init_round, "delta", 1.0)
+    return _memory_algorithm("mifa", 1.0, rule, cache, cache_rounding, init_round, "delta", 1.0, cache_code)
 
 
 def aced(active: str = "since_report", cache: str = "float32", cache_rounding: str = "stochastic",
-         init_round: bool = True) -> Algorithm:
+         init_round: bool = True, cache_code: str = "minmax") -> Algorithm:
     """ACED: ACE averaged over the clients heard from within ``tau_algo`` steps (Alg. a.1, literally).
 
     Hyper-parameters: ``server_lr`` (eta) and ``tau_algo`` (10 in the paper's CIFAR-10 dropout study, 50 otherwise).
@@ -165,10 +171,10 @@ def aced(active: str = "since_report", cache: str = "float32", cache_rounding: s
     Args:
       active: "since_report" (Alg. a.1: ``t - t_i^start <= tau_algo``) or "cache_age" (the age of the cached
         gradient, ``t - v_i <= tau_algo``).
-      cache, cache_rounding, init_round: as for :func:`ace` (``cache="int8"`` is ACED-8bit).
+      cache, cache_rounding, init_round, cache_code: as for :func:`ace` (``cache="int8"`` is ACED-8bit).
     """
     _check("active", active, ACTIVE_SETS)
-    store = make_cache(cache, cache_rounding)
+    store = make_cache(cache, cache_rounding, cache_code)
 
     def init(x0: jax.Array, num_clients: int) -> ACEDState:
         return ACEDState(x=x0, cache=store.init(num_clients, x0.shape[0]),
@@ -217,6 +223,7 @@ def aced(active: str = "since_report", cache: str = "float32", cache_rounding: s
         init_clients=no_client_state,
         upload="gradient",
         hyperparams={"server_lr": 0.1, "tau_algo": 10.0},
-        options={"active": active, "cache": cache, "cache_rounding": cache_rounding, "init_round": init_round},
+        options={"active": active, "cache": cache, "cache_rounding": cache_rounding, "init_round": init_round,
+                 "cache_code": cache_code},
         init_round=InitRound(absorb=absorb) if init_round else None,
     )

@@ -58,11 +58,18 @@ class Arrivals(NamedTuple):
     time: jax.Array  # float32 scalar, the virtual time of the step
     record: Any = ()
 
-    def meta(self, key: jax.Array) -> ServerMeta:
-        """The :class:`ServerMeta` of this step (``key``: the run's key; the step's server key is derived)."""
+    def meta(self, key: jax.Array, counts: jax.Array) -> ServerMeta:
+        """The :class:`ServerMeta` of this step (``key``: the run's key; the step's server key is derived;
+        ``counts``: int32 [n], every client's number of training examples)."""
         mask = self.clients >= 0
         return ServerMeta(clients=self.clients, mask=mask, staleness=jnp.where(mask, self.staleness, 0),
-                          step=self.step, time=self.time, key=server_key(key, self.step + 1))
+                          step=self.step, time=self.time, key=server_key(key, self.step + 1),
+                          sizes=arrival_sizes(counts, self.clients, mask))
+
+
+def arrival_sizes(counts: jax.Array, clients: jax.Array, mask: jax.Array) -> jax.Array:
+    """float32 [M]: ``counts[clients[k]]`` for the real arrivals, 0 for padding (:attr:`ServerMeta.sizes`)."""
+    return jnp.where(mask, counts[jnp.where(mask, clients, 0)], 0).astype(jnp.float32)
 
 
 def job_keys(key: jax.Array, row: jax.Array, cols: jax.Array) -> jax.Array:

@@ -28,7 +28,8 @@ from asyncfl_jax.algorithms.base import Algorithm, ServerMeta
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine import jobs as jobs_lib
 from asyncfl_jax.engine.clocks import PresampledClock
-from asyncfl_jax.engine.jobs import INIT_ROUND_STREAM, SERVER_STREAM, Jobs, Trainer, in_groups, make_trainer
+from asyncfl_jax.engine.jobs import (INIT_ROUND_STREAM, SERVER_STREAM, Jobs, Trainer, arrival_sizes, in_groups,
+                                     make_trainer)
 from asyncfl_jax.engine.stores import Lookahead, TrainAtArrival, TrainAtDispatch
 from asyncfl_jax.task import Task, TaskArrays, make_evaluator
 
@@ -91,7 +92,7 @@ class Program:
         carry = clock.dispatch(carry, inputs, plan, start)  # 1. jobs from x_t
         carry, arrivals = clock.arrivals(carry, inputs)  # 2. results of step t
         carry, messages = store.collect(carry, arrivals, inputs, key, data)
-        server = algorithm.server(carry.server, messages, arrivals.meta(key), hp)  # 3. x_{t+1}
+        server = algorithm.server(carry.server, messages, arrivals.meta(key, data.train.counts), hp)  # 3. x_{t+1}
         diverged_at = first_divergence(carry.diverged_at, algorithm.params(server), arrivals.step)  # 4.
         return carry._replace(server=server, diverged_at=diverged_at), arrivals.record
 
@@ -158,7 +159,8 @@ class Program:
             messages, memory = trainer.train(data.x0, jobs, c.clients, key, data.train)
             group_key = jnp.where(ids[0] == 0, server_key, jax.random.fold_in(server_key, ids[0]))
             meta = ServerMeta(clients=clients, mask=valid, staleness=jnp.zeros(clients.shape, jnp.int32),
-                              step=jnp.int32(-1), time=jnp.float32(0.0), key=group_key)
+                              step=jnp.int32(-1), time=jnp.float32(0.0), key=group_key,
+                              sizes=arrival_sizes(data.train.counts, clients, valid))
             return c._replace(clients=memory), messages, meta
 
         ids = jnp.arange(n, dtype=jnp.int32)
@@ -182,7 +184,8 @@ class Program:
         carry, messages = in_groups(group, carry, (ids,), fills=(n,), size=size)
         messages = jax.tree_util.tree_map(lambda m: m[:n], messages)
         meta = ServerMeta(clients=ids, mask=jnp.ones((n,), bool), staleness=jnp.zeros((n,), jnp.int32),
-                          step=jnp.int32(-1), time=jnp.float32(0.0), key=server_key)
+                          step=jnp.int32(-1), time=jnp.float32(0.0), key=server_key,
+                          sizes=data.train.counts.astype(jnp.float32))
         return carry._replace(server=algorithm.server(carry.server, messages, meta, hp))
 
 
