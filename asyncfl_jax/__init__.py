@@ -15,7 +15,15 @@ The same experiment is a few calls::
 and the pieces are pure functions: :func:`make_simulation` returns the whole run as one function of (schedule
 arrays, hyper-parameters, key, task arrays) that can be ``jax.jit``-ed and ``jax.vmap``-ed, and every algorithm is an
 :class:`Algorithm` of pure ``init`` / ``client`` / ``server`` functions.
+
+Messages (memory budgets, resumed runs, progress without a terminal) go to the ``asyncfl_jax`` logger at INFO;
+nothing is shown unless logging is configured (``logging.basicConfig(level=logging.INFO)``); the ``asyncfl`` command
+prints them to stderr.
 """
+
+import logging as _logging
+
+_logging.getLogger("asyncfl_jax").addHandler(_logging.NullHandler())
 
 from asyncfl_jax import algorithms, data, timing
 from asyncfl_jax.algorithms import (Algorithm, ServerMeta, asgd, asyncfeded, ca2fl, fedasync, fedavg, fedbuff,
@@ -30,7 +38,7 @@ from asyncfl_jax.engine import (
     simulate,
 )
 from asyncfl_jax.models import Model, make_model, model_from_apply
-from asyncfl_jax.results import History, plot_accuracy, write_results
+from asyncfl_jax.results import History, load_results, plot_accuracy, write_results
 from asyncfl_jax.task import Task, TaskArrays, make_task, task_arrays
 from asyncfl_jax.timing import DelayModel, Schedule, make_schedule, schedule_summary
 from asyncfl_jax.timing.clock import EventClock
@@ -60,6 +68,7 @@ __all__ = [
     "fedavg",
     "fedbuff",
     "get_algorithm",
+    "load_results",
     "make_local_update",
     "make_model",
     "make_schedule",

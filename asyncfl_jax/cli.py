@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -62,6 +63,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-plot", action="store_true", help="do not write accuracy.png")
+    run.add_argument("--tensorboard", metavar="DIR",
+                     help="also write every replica's metrics as TensorBoard scalars under DIR/<run>/<point>/seed<s> "
+                          "(needs tensorboardX: pip install 'asyncfl-jax[tensorboard]')")
 
     g = run.add_argument_group("data and model")
     g.add_argument("--dataset", help="synthetic | fashion_mnist | mnist (IDX files) | tfds/mnist | tfds/fashion_mnist | "
@@ -358,12 +362,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     from asyncfl_jax.checkpoint import CheckpointError, SimulationInterrupted
     from asyncfl_jax.experiment import run_config
 
+    callbacks = []
+    if args.tensorboard is not None:
+        from asyncfl_jax.engine.callbacks import TensorBoardLogger
+
+        try:
+            callbacks.append(TensorBoardLogger(args.tensorboard))
+        except ImportError as e:
+            print(f"asyncfl: error: invalid option --tensorboard = {args.tensorboard!r}: {e}", file=sys.stderr)
+            return 2
     print(f"asyncfl: {len(cfg.runs)} run(s), seeds {cfg.seeds}, dataset {cfg.data.name} ({cfg.data.num_clients} "
           f"clients), model {cfg.model.name}; writing to {cfg.output}")
     try:
-        with _sigterm_interrupts():  # outside the simulation loop (which saves first), SIGTERM stops like Ctrl-C
+        with _sigterm_interrupts(), log_to_stderr():  # SIGTERM outside the simulation loop stops like Ctrl-C
             histories = run_config(cfg, progress=not args.no_progress, plot=not args.no_plot, resume=resume,
-                                   checkpoint_every=None if args.no_checkpoint else args.checkpoint_every)
+                                   checkpoint_every=None if args.no_checkpoint else args.checkpoint_every,
+                                   callbacks=callbacks)
     except (ConfigError, CheckpointError) as e:
         print(f"asyncfl: error: {e}", file=sys.stderr)
         return 2
@@ -377,27 +391,54 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"continue with: asyncfl run --resume {cfg.output}", file=sys.stderr)
         return 143 if isinstance(e, _Terminated) else 130
     for h in histories:
-        acc = h.final("test_accuracy")
-        stats = h.schedule_stats[0]
-        print(f"  {h.label:>12}: final test accuracy {_mean_std(acc)} after {int(h.steps[-1])} steps "
-              f"({int(h.uploads[0, -1])} uploads, virtual time {h.times[0, -1]:.1f}); staleness mean "
-              f"{stats['staleness_mean']:.2f} max {stats['staleness_max']}; compile {h.compile_seconds:.1f}s, "
-              f"run {h.run_seconds:.1f}s")
-        if (h.diverged_at >= 0).any():
-            print(f"  {h.label:>12}: DIVERGED (NaN/inf) in replicas {list(map(int, (h.diverged_at >= 0).nonzero()[0]))}"
-                  f" at server steps {[int(d) for d in h.diverged_at if d >= 0]}")
+        for line in result_lines(h):
+            print(line)
     print(f"asyncfl: results in {cfg.output}/ (config.json, environment.json, metrics.csv, summary.json, schedules/"
           f"{'' if args.no_plot else ', accuracy.png'}{'' if args.no_checkpoint else ', checkpoints/'})")
     return 0
 
 
-def _mean_std(values) -> str:
-    import numpy as np
+@contextlib.contextmanager
+def log_to_stderr(level: int = logging.INFO):
+    """While the block runs, the ``asyncfl_jax`` logger's messages at ``level`` and above are printed to stderr as
+    ``asyncfl: <message>`` lines (the handler is removed afterwards; library users see nothing unless they configure
+    logging themselves)."""
+    package = logging.getLogger("asyncfl_jax")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("asyncfl: %(message)s"))
+    handler.setLevel(level)
+    previous = package.level
+    package.addHandler(handler)
+    package.setLevel(level)
+    try:
+        yield handler
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(previous)
 
-    v = np.asarray(values, dtype=float)
-    if v.size == 1:
-        return f"{v[0]:.4f}"
-    return f"{np.nanmean(v):.4f} ± {np.nanstd(v):.4f} (n={v.size})"
+
+def result_lines(h: Any) -> list[str]:
+    """The printed result of one run: a line with its steps, uploads, virtual time, staleness and timings, then one
+    line per hyper-parameter point with the final and best headline metric as mean ± std over its non-diverged
+    seeds, and a line naming the point's diverged seeds with their steps (never averaged in)."""
+    metric = h.headline
+    name = metric.replace("_", " ")
+    stats = h.schedule_stats[0]
+    lines = [f"  {h.label}: {int(h.steps[-1])} steps ({int(h.uploads[0, -1])} uploads, virtual time "
+             f"{h.times[0, -1]:.1f}); staleness mean {stats['staleness_mean']:.2f} max {stats['staleness_max']}; "
+             f"compile {h.compile_seconds:.1f}s, run {h.run_seconds:.1f}s"]
+    for point, final, best in zip(h.points(), h.point_stats(metric, "final"), h.point_stats(metric, "best")):
+        title = f"{h.label} {point.name}" if point.name else h.label
+        line = f"  {title}: final {name} {final.describe()}"
+        if best.n:
+            line += f", best {best.mean:.4f}"
+        lines.append(line)
+        if final.diverged:
+            seeds = ", ".join(f"seed {s} at server step {d}" for s, d in final.diverged)
+            lines.append(f"  {title}: DIVERGED (NaN/inf), left out of the mean: {seeds}")
+        if final.non_finite:
+            lines.append(f"  {title}: non-finite {name}, left out of the mean: seeds {list(final.non_finite)}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ import contextlib
 import dataclasses
 import glob
 import json
+import logging
 import os
-import sys
 from typing import Any, Sequence
 
 import numpy as np
@@ -38,6 +38,7 @@ from asyncfl_jax.results import (
     History,
     environment_info,
     environment_json,
+    invocation_info,
     load_history,
     remove_history,
     save_history,
@@ -49,6 +50,7 @@ from asyncfl_jax.timing.clock import EventClock
 from asyncfl_jax.timing.protocols import make_schedule
 from asyncfl_jax.timing.schedule import Schedule
 
+logger = logging.getLogger(__name__)
 
 def load_dataset(cfg: ExperimentConfig) -> Dataset:
     d = cfg.data
@@ -131,9 +133,10 @@ def run_experiment(
     checkpoint_dir: str | None = None,
     checkpoint_every: int = 1,
     resume: bool = False,
+    callbacks: Sequence[Any] = (),
 ) -> History:
     """Simulates one run (all its seeds and swept hyper-parameters as one vmapped program); the checkpoint arguments
-    are those of :func:`~asyncfl_jax.engine.simulate`."""
+    and ``callbacks`` are those of :func:`~asyncfl_jax.engine.simulate`."""
     algorithm = get_algorithm(run.algorithm, **run.options)
     local = LocalConfig(
         steps=cfg.local.steps,
@@ -161,6 +164,7 @@ def run_experiment(
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
         resume=resume,
+        callbacks=callbacks,
     )
 
 
@@ -284,6 +288,7 @@ def run_config(
     plot: bool = True,
     checkpoint_every: int | None = 1,
     resume: bool = False,
+    callbacks: Sequence[Any] = (),
 ) -> list[History]:
     """Validates, runs every run of the experiment and (optionally) writes the results to ``cfg.output``.
 
@@ -293,11 +298,14 @@ def run_config(
     deletes its checkpoint). ``resume=True`` continues an interrupted experiment: the saved Histories of finished
     runs are reused, the unfinished run continues from its checkpoint, and the results equal those of an
     uninterrupted run (timings aside). It refuses (``ConfigError``) an output folder whose ``config.json`` holds
-    another configuration.
+    another configuration. ``callbacks`` are passed to every run's :func:`~asyncfl_jax.engine.simulate` (the same
+    objects for each run, one run after the other; e.g. a
+    :class:`~asyncfl_jax.engine.callbacks.TensorBoardLogger`). Messages (memory budgets, reused runs) go to the
+    ``asyncfl_jax`` logger at INFO.
     """
     validate(cfg)
     cfg = resolve(cfg)  # config.json holds every default
-    environment = environment_info() if write else None
+    environment = {**environment_info(), **invocation_info()} if write else None
     config = cfg.to_dict()
     checkpointing = write and checkpoint_every is not None
     if checkpointing and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
@@ -321,14 +329,12 @@ def run_config(
         meta = {"config": _comparable(config), "run": run.name}
         history = load_history(folder, meta) if folder is not None and resume else None
         if history is not None:
-            if progress:
-                print(f"{run.name}: finished earlier; its History is loaded from {folder}", file=sys.stderr,
-                      flush=True)
+            logger.info("%s: finished earlier; its History is loaded from %s", run.name, folder)
         else:
             if folder is not None:
                 remove_history(folder)  # never reuse a History of an earlier configuration
             history = run_experiment(cfg, run, task, schedules, progress=progress, checkpoint_dir=folder,
-                                     checkpoint_every=checkpoint_every or 1, resume=resume)
+                                     checkpoint_every=checkpoint_every or 1, resume=resume, callbacks=callbacks)
             if write and history.realized_schedules is not None:  # the events the clocked run went through
                 save_realized_schedules(cfg, run, history)
             if folder is not None:

@@ -6,16 +6,29 @@ Results schema (one output folder per ``asyncfl run``):
 * ``environment.json``: what produced the results: versions of Python, asyncfl_jax, jax, jaxlib, flax, optax and
   numpy, the JAX backend, the device kinds and count, the operating system, and the resolved configuration.
 * ``metrics.csv``: one row per (run, replica, evaluation) with columns
-  ``run, algorithm, replica, seed, <swept hyper-parameters...>, step, time, uploads, test_accuracy, test_loss,
-  train_loss``. ``step`` is the number of server steps applied, ``time`` the virtual time, ``uploads`` the number of
-  client results the server has received.
-* ``summary.json``: per run: algorithm and options, replicas (seed and hyper-parameters), final and best accuracy,
-  divergence step per replica (-1: none), staleness and participation statistics of the schedule, compile and run
-  seconds; and, at the top level, ``environment`` (as in environment.json) and ``config``.
+  ``run, algorithm, replica, seed, <swept hyper-parameters...>, point, step, time, uploads, <metrics...>,
+  diverged_at``. ``point`` numbers the replica's hyper-parameter point within its run (0, 1, ... in first-seen
+  order; the swept columns name it), ``step`` is the number of server steps applied, ``time`` the virtual time,
+  ``uploads`` the number of client results the server has received; the metrics are every name of
+  ``History.metrics`` (e.g. ``test_accuracy, test_loss, train_loss``); ``diverged_at`` is the server step at which
+  the replica's model became NaN/inf (-1: never; a diverged replica's later rows hold its frozen, non-finite values).
+* ``summary.json``: per run: algorithm and options, ``metric`` (the headline metric: ``test_accuracy`` when the task
+  has it, else the first loss), replicas (seed and hyper-parameters), ``final_<metric>`` per replica for every metric
+  and ``best_<metric>`` for the headline one, divergence step per replica (-1: none), ``points`` (per hyper-parameter
+  point: its hyper-parameters, swept values, seeds, mean/std/n over its finite non-diverged seeds of the final and
+  best headline metric, and its diverged seeds with their steps; see :meth:`History.point_summaries`), staleness and
+  participation statistics of the schedule, compile and run seconds; and, at the top level, ``environment`` (as in
+  environment.json, without the per-invocation ``command`` and ``started_utc``) and ``config``.
+* ``environment.json``: additionally ``git`` (commit and whether tracked files were modified, for the repository
+  holding the package or else the working folder; absent outside a repository), ``command`` (``sys.argv``) and
+  ``started_utc`` (when this process started writing the results, ISO 8601).
 * ``schedules/<run>-seed<s>.npz``: the exact arrival schedule of each run and seed (``Schedule.load``; replay it with
   ``runs[i].schedule_files``).
-* ``accuracy.png``: test accuracy against virtual time, server step and client uploads (mean over replicas, min-max
-  band).
+* ``accuracy.png``: the headline metric against virtual time, server step and client uploads: one line per (run,
+  hyper-parameter point), the mean over its non-diverged seeds with a min-max band over them; a diverged replica is
+  left out of both and marked by a dotted vertical line at its divergence step.
+
+:func:`load_results` reads a folder back into Histories (see its docstring for what is not recoverable).
 
 * ``checkpoints/<run>/``: ``history.npz`` + ``history.json`` of each finished run (reused by ``asyncfl run --resume``)
   and, while a run is unfinished, its checkpoint (``checkpoint.json`` + the orbax folder ``state-<chunk>/``, see
@@ -35,16 +48,100 @@ import json
 import os
 import platform
 import tempfile
+import warnings
 from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
-METRIC_COLUMNS = ("test_accuracy", "test_loss", "train_loss")
+METRIC_COLUMNS = ("test_accuracy", "test_loss", "train_loss")  # the classification task's metrics (not exhaustive)
 
 
 def swept_names(hparams: Sequence[dict[str, float]]) -> list[str]:
     """Names of the hyper-parameters whose value differs between replicas."""
     return [k for k in hparams[0] if len({h[k] for h in hparams}) > 1]
+
+
+def headline_metric(names: Sequence[str]) -> str:
+    """The metric a result is summarised by: ``test_accuracy`` when present, else ``test_loss``, else the first name
+    ending in ``loss``, else the first name."""
+    names = list(names)
+    if not names:
+        raise ValueError("no metrics to choose a headline metric from")
+    for preferred in ("test_accuracy", "test_loss"):
+        if preferred in names:
+            return preferred
+    return next((n for n in names if n.endswith("loss")), names[0])
+
+
+def lower_is_better(metric: str) -> bool:
+    """True for losses (names ending in ``loss``): their best value is the smallest."""
+    return metric.endswith("loss")
+
+
+def point_name(swept: dict[str, float]) -> str:
+    """``name=value, ...`` of a point's swept hyper-parameters (``""`` when nothing is swept)."""
+    return ", ".join(f"{k}={v:g}" for k, v in swept.items())
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One hyper-parameter point of a run: the replicas that share every hyper-parameter value (they differ by seed).
+
+    Attributes:
+      index: position among the run's points (first-seen order of the replicas).
+      hparams: every hyper-parameter value of the point; ``swept``: those that differ between the run's points.
+      replicas: indices of its replicas (into ``History.seeds``); ``seeds``: their seeds, in the same order.
+    """
+
+    index: int
+    hparams: dict[str, float]
+    swept: dict[str, float]
+    replicas: tuple[int, ...]
+    seeds: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        """``alpha=0.3, server_lr=1`` (the swept values); ``""`` when the run sweeps nothing."""
+        return point_name(self.swept)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedStats:
+    """A statistic of one point over its seeds. ``mean``/``std`` (population std, ``ddof=0``) and ``n`` are over
+    the seeds that did not diverge and whose value is finite; ``mean``/``std`` are None when ``n == 0`` (e.g. every
+    seed diverged). ``diverged``: ``(seed, server step)`` of the point's diverged seeds, never averaged in;
+    ``non_finite``: seeds that did not diverge but whose value is NaN/inf (left out too)."""
+
+    mean: float | None
+    std: float | None
+    n: int
+    seeds: tuple[int, ...]
+    diverged: tuple[tuple[int, int], ...]
+    non_finite: tuple[int, ...] = ()
+
+    def describe(self, digits: int = 4) -> str:
+        """``0.8123 ± 0.0040 (n=3 seeds)``, or ``no value (every seed diverged)``."""
+        if self.n == 0:
+            why = "every seed diverged" if len(self.diverged) == len(self.seeds) else "no finite value"
+            return f"no value ({why})"
+        if self.n == 1:
+            return f"{self.mean:.{digits}f} (n=1 seed)"
+        return f"{self.mean:.{digits}f} ± {self.std:.{digits}f} (n={self.n} seeds)"
+
+
+def seed_stats(values: np.ndarray, seeds: Sequence[int], diverged_at: np.ndarray) -> SeedStats:
+    """Mean, std and count of ``values`` (one per seed of a point) over the finite values of the non-diverged
+    seeds (``diverged_at < 0``); see :class:`SeedStats`."""
+    values = np.asarray(values, dtype=np.float64)
+    diverged_at = np.asarray(diverged_at)
+    alive = diverged_at < 0
+    finite = np.isfinite(values)
+    kept = values[alive & finite]
+    mean = float(np.mean(kept)) if kept.size else None
+    std = float(np.std(kept)) if kept.size else None
+    return SeedStats(mean, std, int(kept.size), tuple(int(s) for s in seeds),
+                     tuple((int(s), int(d)) for s, d in zip(seeds, diverged_at) if d >= 0),
+                     tuple(int(s) for s, a, f in zip(seeds, alive, finite) if a and not f))
 
 
 @dataclasses.dataclass(eq=False)
@@ -57,7 +154,7 @@ class History:
       steps: int [E] server steps at which the model was evaluated (0 = the initial model).
       times: float [R, E] virtual time at those steps, per replica.
       uploads: int [R, E] client results received by then.
-      metrics: name -> float [R, E] (test_accuracy, test_loss, train_loss).
+      metrics: name -> float [R, E] (e.g. test_accuracy, test_loss, train_loss; a task may have others).
       seeds: the training seed of each replica; ``hparams`` its hyper-parameters.
       diverged_at: int [R] first server step whose model had a NaN/inf (-1: never).
       schedule_stats: staleness/participation summary of the schedule (one entry, or one per replica).
@@ -136,27 +233,103 @@ class History:
         out = np.asarray(axes[by], dtype=np.float64)[np.arange(values.shape[0]), first]
         return np.where(reached.any(axis=1), out, np.nan)
 
-    def final(self, metric: str = "test_accuracy") -> np.ndarray:
-        """The metric at the last evaluation, per replica."""
-        return self.metrics[metric][:, -1]
+    def final(self, metric: str | None = None) -> np.ndarray:
+        """The metric at the last evaluation, per replica (default: :attr:`headline`)."""
+        return self.metrics[self._metric(metric)][:, -1]
 
-    def best(self, metric: str = "test_accuracy") -> np.ndarray:
-        return np.nanmax(self.metrics[metric], axis=1)
+    def best(self, metric: str | None = None) -> np.ndarray:
+        """The best value of the metric over the evaluations, per replica: the largest, or the smallest for a loss
+        (NaN/inf evaluations ignored; NaN when none is finite). Default metric: :attr:`headline`."""
+        metric = self._metric(metric)
+        values = np.asarray(self.metrics[metric], dtype=np.float64)
+        values = np.where(np.isfinite(values), values, np.nan)
+        reduce = np.nanmin if lower_is_better(metric) else np.nanmax
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows give NaN
+            return reduce(values, axis=1)
+
+    @property
+    def headline(self) -> str:
+        """The metric results are summarised by (:func:`headline_metric`: ``test_accuracy`` when present, else the
+        first loss)."""
+        return headline_metric(list(self.metrics))
+
+    def _metric(self, metric: str | None) -> str:
+        metric = self.headline if metric is None else metric
+        if metric not in self.metrics:
+            raise KeyError(f"{self.label}: no metric {metric!r}; the History has {sorted(self.metrics)}")
+        return metric
+
+    def points(self) -> list[Point]:
+        """The hyper-parameter points of the run: replicas grouped by all their hyper-parameter values (so by seed
+        within a point), in first-seen order; each point is named by its swept values."""
+        swept = self.swept
+        groups: dict[tuple, list[int]] = {}
+        for r, h in enumerate(self.hparams):
+            groups.setdefault(tuple(sorted(h.items())), []).append(r)
+        return [Point(i, dict(self.hparams[rs[0]]), {k: self.hparams[rs[0]][k] for k in swept}, tuple(rs),
+                      tuple(int(self.seeds[r]) for r in rs)) for i, rs in enumerate(groups.values())]
+
+    def point_index(self) -> np.ndarray:
+        """int [R]: the point (index into :meth:`points`) of each replica."""
+        out = np.zeros(self.num_replicas, dtype=np.int64)
+        for p in self.points():
+            out[list(p.replicas)] = p.index
+        return out
+
+    def point_stats(self, metric: str | None = None, which: str = "final") -> list[SeedStats]:
+        """Per point, :class:`SeedStats` of the ``final`` or ``best`` value (:meth:`final`, :meth:`best`) of
+        ``metric`` (default: :attr:`headline`) over the point's seeds; diverged seeds are reported apart, never
+        averaged in."""
+        values = {"final": self.final, "best": self.best}
+        if which not in values:
+            raise ValueError(f"which must be 'final' or 'best', got {which!r}")
+        per_replica = values[which](metric)
+        return [seed_stats(per_replica[list(p.replicas)], p.seeds, self.diverged_at[list(p.replicas)])
+                for p in self.points()]
+
+    def point_summaries(self, metric: str | None = None) -> list[dict[str, Any]]:
+        """The ``points`` list of ``summary.json``: per point its ``hparams``, ``swept`` values, ``name``,
+        ``replicas``, ``seeds``, ``final`` and ``best`` (``{"mean", "std", "n"}`` of ``metric`` over the finite,
+        non-diverged seeds; None mean/std when n = 0) and ``diverged`` (``[{"seed", "step"}]``)."""
+        metric = self._metric(metric)
+        out = []
+        for p, final, best in zip(self.points(), self.point_stats(metric, "final"), self.point_stats(metric, "best")):
+            out.append({
+                "point": p.index, "name": p.name, "hparams": p.hparams, "swept": p.swept,
+                "replicas": list(p.replicas), "seeds": list(p.seeds), "metric": metric,
+                "final": {"mean": final.mean, "std": final.std, "n": final.n},
+                "best": {"mean": best.mean, "std": best.std, "n": best.n},
+                "diverged": [{"seed": s, "step": d} for s, d in final.diverged],
+            })
+        return out
 
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per (replica, evaluation): the rows of ``metrics.csv``."""
+        """One dict per (replica, evaluation): the rows of ``metrics.csv`` (run, algorithm, replica, seed, swept
+        values, point, step, time, uploads, every metric, diverged_at)."""
         out = []
+        swept, points = self.swept, self.point_index()
         for r in range(self.num_replicas):
             for e, step in enumerate(self.steps):
                 row = {"run": self.label, "algorithm": self.algorithm, "replica": r, "seed": self.seeds[r]}
-                row.update({k: self.hparams[r][k] for k in self.swept})
-                row.update({"step": int(step), "time": float(self.times[r, e]), "uploads": int(self.uploads[r, e])})
-                row.update({m: float(self.metrics[m][r, e]) for m in METRIC_COLUMNS})
+                row.update({k: self.hparams[r][k] for k in swept})
+                row.update({"point": int(points[r]), "step": int(step), "time": float(self.times[r, e]),
+                            "uploads": int(self.uploads[r, e])})
+                row.update({m: float(v[r, e]) for m, v in self.metrics.items()})
+                row["diverged_at"] = int(self.diverged_at[r])
                 out.append(row)
         return out
 
+    def to_dataframe(self) -> Any:
+        """A pandas DataFrame with one row per (replica, evaluation): the columns of :meth:`rows` (run, algorithm,
+        replica, seed, each swept value, point, step, time, uploads, every metric, diverged_at). Needs pandas
+        (``pip install 'asyncfl-jax[pandas]'``). Group by ``["run", "point", "step"]`` for per-point curves; filter
+        ``diverged_at < 0`` first to leave diverged replicas out."""
+        return histories_dataframe([self])
+
     def summary(self) -> dict[str, Any]:
         """A JSON-serialisable summary (the entry of ``summary.json``)."""
+        metric = self.headline
         return {
             "run": self.label,
             "algorithm": self.algorithm,
@@ -164,10 +337,11 @@ class History:
             "num_steps": self.num_steps,
             "steps_done": int(self.steps[-1]),
             "stopped_early": self.stopped_early,
+            "metric": metric,
             "replicas": [{"seed": s, "hparams": h} for s, h in zip(self.seeds, self.hparams)],
-            "final_test_accuracy": _floats(self.final("test_accuracy")),
-            "best_test_accuracy": _floats(self.best("test_accuracy")),
-            "final_train_loss": _floats(self.final("train_loss")),
+            **{f"final_{m}": _floats(self.final(m)) for m in self.metrics},
+            f"best_{metric}": _floats(self.best(metric)),
+            "points": self.point_summaries(metric),
             "diverged_at": [int(d) for d in self.diverged_at],
             "schedule": self.schedule_stats,
             "compile_seconds": round(self.compile_seconds, 3),
@@ -252,12 +426,119 @@ def read_metrics_csv(path: str) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def _pandas() -> Any:
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError("History.to_dataframe needs pandas, which is not installed: pip install pandas (or "
+                          "pip install 'asyncfl-jax[pandas]')") from None
+    return pandas
+
+
+INTEGER_COLUMNS = ("replica", "seed", "point", "step", "uploads", "diverged_at")
+
+
+def histories_dataframe(histories: Sequence[History]) -> Any:
+    """One pandas DataFrame of every history's :meth:`History.rows` (columns: the union, in first-seen order; a
+    column one run lacks, e.g. a hyper-parameter swept only in another run, is NaN in its rows)."""
+    pandas = _pandas()
+    rows = [row for h in histories for row in h.rows()]
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(k for k in row if k not in columns)
+    frame = pandas.DataFrame(rows, columns=columns)
+    return frame.astype({c: "int64" for c in INTEGER_COLUMNS if c in frame.columns})
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+_ROW_KEYS = ("run", "algorithm", "replica", "seed", "point", "step", "time", "uploads", "diverged_at")
+
+
+def load_results(folder: str) -> list[History]:
+    """The Histories of a results folder written by ``asyncfl run`` (or :func:`write_results`), in run order.
+
+    Each run is rebuilt from ``summary.json`` (algorithm, options, replicas' seeds and hyper-parameters, divergence
+    steps, schedule statistics, memory, message bits, lookahead, timings) and ``metrics.csv`` (steps, virtual
+    times, uploads and every metric, per replica and evaluation); values are equal to the History the run returned
+    (metrics as float64). What these files do not hold is None: ``final_params``, ``realized_schedules`` (the
+    event clock's schedules are in ``schedules/``) and ``job_steps``; ``compile_seconds``/``run_seconds`` are
+    rounded to milliseconds. When the folder also holds the run's saved History (``checkpoints/<run>/``, written
+    when checkpointing was on) and it agrees with the files, that History is returned instead, complete with
+    ``final_params`` and ``job_steps``.
+
+    Raises:
+      FileNotFoundError: the folder lacks ``summary.json`` or ``metrics.csv`` (an unfinished or foreign folder).
+      ValueError: the two files do not fit together (a run's rows are missing or incomplete).
+    """
+    paths = {name: os.path.join(folder, name) for name in ("summary.json", "metrics.csv")}
+    missing = [name for name, path in paths.items() if not os.path.isfile(path)]
+    if missing:
+        raise FileNotFoundError(f"{folder} is not a finished results folder: it has no {' and no '.join(missing)} "
+                                "(written by asyncfl run when every run has finished)")
+    with open(paths["summary.json"]) as f:
+        summary = json.load(f)
+    rows = read_metrics_csv(paths["metrics.csv"])
+    histories = []
+    for entry in summary["runs"]:
+        history = _history_from_files(entry, [r for r in rows if r["run"] == entry["run"]], paths["metrics.csv"])
+        saved = load_history(os.path.join(folder, "checkpoints", entry["run"]))
+        histories.append(saved if saved is not None and _same_values(saved, history) else history)
+    return histories
+
+
+def _history_from_files(entry: dict[str, Any], rows: list[dict[str, str]], path: str) -> History:
+    """One run's History from its ``summary.json`` entry and its ``metrics.csv`` rows."""
+    name = entry["run"]
+    seeds = [int(r["seed"]) for r in entry["replicas"]]
+    hparams = [dict(r["hparams"]) for r in entry["replicas"]]
+    swept = set(swept_names(hparams))
+    by_replica: dict[int, list[dict[str, str]]] = {}
+    for row in rows:
+        by_replica.setdefault(int(row["replica"]), []).append(row)
+    if sorted(by_replica) != list(range(len(seeds))):
+        raise ValueError(f"{path}: run {name!r} has rows for replicas {sorted(by_replica)}, summary.json lists "
+                         f"{len(seeds)} replicas")
+    steps = [int(row["step"]) for row in by_replica[0]]
+    if any([int(row["step"]) for row in by_replica[r]] != steps for r in by_replica):
+        raise ValueError(f"{path}: the replicas of run {name!r} were not evaluated at the same steps")
+    metric_names = [k for k in rows[0] if k not in _ROW_KEYS and k not in swept
+                    and all(row.get(k) not in (None, "") for row in rows)]
+    if any(k not in rows[0] for k in ("time", "uploads")) or not metric_names:
+        raise ValueError(f"{path}: run {name!r} has no time/uploads/metric columns")
+    ordered = [by_replica[r] for r in range(len(seeds))]
+    table = lambda key, dtype: np.array([[float(row[key]) for row in rs] for rs in ordered]).astype(dtype)
+    return History(
+        label=name, algorithm=entry["algorithm"], algorithm_options=entry["algorithm_options"],
+        steps=np.asarray(steps, dtype=np.int64), times=table("time", np.float64), uploads=table("uploads", np.int64),
+        metrics={m: table(m, np.float64) for m in metric_names}, seeds=seeds, hparams=hparams,
+        diverged_at=np.asarray(entry["diverged_at"], dtype=np.int64), schedule_stats=entry["schedule"],
+        num_steps=int(entry["num_steps"]), stopped_early=bool(entry["stopped_early"]),
+        compile_seconds=float(entry["compile_seconds"]), run_seconds=float(entry["run_seconds"]),
+        memory=entry.get("memory"), message_bits=entry.get("message_bits"), lookahead=entry.get("lookahead"))
+
+
+def _same_values(saved: History, rebuilt: History) -> bool:
+    """Whether a saved History holds the same evaluations as the one rebuilt from the result files."""
+    def equal(a: Any, b: Any) -> bool:
+        return np.shape(a) == np.shape(b) and np.array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                                                             equal_nan=True)
+
+    return (saved.label == rebuilt.label and saved.seeds == rebuilt.seeds and saved.hparams == rebuilt.hparams
+            and set(saved.metrics) == set(rebuilt.metrics) and equal(saved.steps, rebuilt.steps)
+            and equal(saved.times, rebuilt.times) and equal(saved.uploads, rebuilt.uploads)
+            and equal(saved.diverged_at, rebuilt.diverged_at)
+            and all(equal(saved.metrics[k], rebuilt.metrics[k]) for k in saved.metrics))
+
+
 def write_results(out_dir: str, config: dict[str, Any], histories: Sequence[History], plot: bool = True,
                   environment: dict[str, Any] | None = None) -> list[str]:
     """Writes config.json, environment.json, metrics.csv, summary.json and (optionally) accuracy.png; returns the
-    paths. ``environment`` defaults to :func:`environment_info` (package versions, JAX backend, devices)."""
+    paths. ``environment`` defaults to :func:`environment_info` with :func:`invocation_info` (package versions, JAX
+    backend, devices, git state, command line, start time); summary.json embeds it without the per-invocation
+    fields (:data:`VOLATILE_ENVIRONMENT`), so that a resumed run writes the same summary.json as an uninterrupted
+    one."""
     os.makedirs(out_dir, exist_ok=True)
-    environment = environment_info() if environment is None else environment
+    environment = {**environment_info(), **invocation_info()} if environment is None else environment
     paths = {
         "config": os.path.join(out_dir, "config.json"),
         "environment": os.path.join(out_dir, "environment.json"),
@@ -267,7 +548,8 @@ def write_results(out_dir: str, config: dict[str, Any], histories: Sequence[Hist
     write_atomic(paths["config"], json.dumps(config, indent=2, sort_keys=True) + "\n")
     write_atomic(paths["environment"], environment_json(environment, config))
     write_atomic(paths["metrics"], metrics_csv(histories))
-    summary = {"runs": [h.summary() for h in histories], "environment": environment, "config": config}
+    stable = {k: v for k, v in environment.items() if k not in VOLATILE_ENVIRONMENT}
+    summary = {"runs": [h.summary() for h in histories], "environment": stable, "config": config}
     write_atomic(paths["summary"], json.dumps(summary, indent=2) + "\n")
     written = list(paths.values())
     if plot:
@@ -282,9 +564,44 @@ ENVIRONMENT_PACKAGES = (("asyncfl_jax", "asyncfl-jax"), ("jax", "jax"), ("jaxlib
                         ("optax", "optax"), ("numpy", "numpy"))
 
 
+VOLATILE_ENVIRONMENT = ("command", "started_utc")  # per invocation: in environment.json, not in summary.json
+
+
+def git_state(folder: str, timeout: float = 5.0) -> dict[str, Any] | None:
+    """``{"commit": sha, "dirty": bool}`` of the git repository holding ``folder`` (dirty: a tracked file differs
+    from the commit; untracked files do not count); None when ``folder`` is in no repository, git is missing, or
+    it does not answer within ``timeout`` seconds."""
+    import subprocess
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", folder, *args], capture_output=True, text=True, timeout=timeout,
+                                 check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def invocation_info() -> dict[str, Any]:
+    """The per-invocation part of ``environment.json``: ``command`` (``sys.argv``) and ``started_utc`` (now, UTC,
+    ISO 8601 to the second)."""
+    import datetime
+    import sys
+
+    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    return {"command": list(sys.argv), "started_utc": now.isoformat()}
+
+
 def environment_info() -> dict[str, Any]:
     """What produced a result: versions of Python, this package, jax, jaxlib, flax, optax and numpy, the JAX backend
-    and the kinds of its devices, and the operating system."""
+    and the kinds of its devices, the operating system, and ``git`` (:func:`git_state` of the repository holding the
+    package, else of the working folder; absent outside a repository)."""
     import importlib.metadata as metadata
     import sys
 
@@ -305,6 +622,10 @@ def environment_info() -> dict[str, Any]:
     devices = jax.devices()
     info.update(jax_backend=jax.default_backend(), device_kinds=sorted({d.device_kind for d in devices}),
                 device_count=len(devices), platform=platform.platform())
+    package = os.path.dirname(os.path.abspath(__file__))
+    git = git_state(package) or git_state(os.getcwd())
+    if git is not None:
+        info["git"] = git
     return info
 
 
@@ -389,11 +710,43 @@ def remove_history(directory: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- plots
-def plot_accuracy(histories: Sequence[History], path: str | None = None, metric: str = "test_accuracy"):
-    """Three panels: ``metric`` against virtual time, server step and client uploads; mean over replicas with a
-    min-max band, and a dotted line where a replica diverged.
+def point_curves(history: History, metric: str | None = None) -> list[dict[str, Any]]:
+    """The curves :func:`plot_accuracy` draws for one History, one per hyper-parameter point: ``label``, ``point``
+    (:class:`Point`), ``n`` (seeds averaged), ``mean``/``lo``/``hi`` (float [E]: mean, min and max over the point's
+    non-diverged seeds; NaN where none is finite), the x axes ``time``/``step``/``uploads`` (the mean over those
+    seeds; over all the point's seeds when every one diverged) and ``diverged`` (``(seed, step)`` pairs)."""
+    metric = history._metric(metric)
+    out = []
+    points = history.points()
+    for p in points:
+        idx = np.asarray(p.replicas)
+        alive = idx[history.diverged_at[idx] < 0]
+        values = np.asarray(history.metrics[metric][alive], dtype=np.float64)
+        values = np.where(np.isfinite(values), values, np.nan)
+        axis_rows = alive if alive.size else idx
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # columns without a finite value give NaN
+            mean = np.nanmean(values, axis=0) if alive.size else np.full(len(history.steps), np.nan)
+            lo = np.nanmin(values, axis=0) if alive.size else mean
+            hi = np.nanmax(values, axis=0) if alive.size else mean
+        name = history.label if len(points) == 1 or not p.name else f"{history.label} {p.name}"
+        out.append({"label": name, "point": p, "n": int(alive.size), "mean": mean, "lo": lo, "hi": hi,
+                    "time": np.mean(history.times[axis_rows], axis=0), "step": np.asarray(history.steps),
+                    "uploads": np.mean(history.uploads[axis_rows], axis=0),
+                    "diverged": [(int(history.seeds[r]), int(history.diverged_at[r])) for r in idx
+                                 if history.diverged_at[r] >= 0]})
+    return out
 
-    Returns the matplotlib figure; with ``path`` it is also saved (atomically) as PNG.
+
+def plot_accuracy(histories: Sequence[History], path: str | None = None, metric: str | None = None):
+    """Three panels: ``metric`` (default: each History's :attr:`~History.headline`, ``test_accuracy`` when present)
+    against virtual time, server step and client uploads.
+
+    One line per (run, hyper-parameter point): the mean over the point's seeds that did not diverge, with a min-max
+    band over those seeds (drawn when there are at least two); a diverged replica is left out of the mean and the
+    band, and a dotted vertical line of the point's colour marks the step where it diverged (the legend counts the
+    seeds averaged and the diverged ones). Returns the matplotlib figure; with ``path`` it is also saved (atomically)
+    as PNG.
     """
     import matplotlib
 
@@ -402,24 +755,26 @@ def plot_accuracy(histories: Sequence[History], path: str | None = None, metric:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
+    names = set()
     for h in histories:
-        values = h.metrics[metric]
-        with np.errstate(all="ignore"):
-            mean = np.nanmean(np.where(np.isfinite(values), values, np.nan), axis=0)
-            lo, hi = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
-        xs = (np.nanmean(h.times, axis=0), h.steps, np.mean(h.uploads, axis=0))
-        for ax, x in zip(axes, xs):
-            (line,) = ax.plot(x, mean, label=h.label)
-            if h.num_replicas > 1:
-                ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
-            for d in h.diverged_at[h.diverged_at >= 0]:  # dotted line where a replica diverged
-                e = min(int(np.searchsorted(h.steps, d)), len(h.steps) - 1)
-                ax.axvline(x[e], color=line.get_color(), ls=":", lw=1)
-    label = metric.replace("_", " ")
+        chosen = h._metric(metric)
+        names.add(chosen)
+        for curve in point_curves(h, chosen):
+            label = f"{curve['label']} (n={curve['n']}"
+            label += f", {len(curve['diverged'])} diverged)" if curve["diverged"] else ")"
+            for ax, key in zip(axes, ("time", "step", "uploads")):
+                x = curve[key]
+                (line,) = ax.plot(x, curve["mean"], label=label)
+                if curve["n"] > 1:
+                    ax.fill_between(x, curve["lo"], curve["hi"], color=line.get_color(), alpha=0.2)
+                for _, d in curve["diverged"]:  # dotted line where a replica diverged
+                    e = min(int(np.searchsorted(curve["step"], d)), len(curve["step"]) - 1)
+                    ax.axvline(x[e], color=line.get_color(), ls=":", lw=1)
+    label = " / ".join(sorted(names)).replace("_", " ")
     for ax, xlabel in zip(axes, ("virtual time", "server step", "client uploads")):
         ax.set(xlabel=xlabel, ylabel=label, title=f"{label} vs {xlabel}")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="small")
     if path is not None:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=110)

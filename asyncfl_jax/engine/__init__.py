@@ -21,7 +21,7 @@ job is trained.
 
 from asyncfl_jax.engine.budget import MemoryBudget, device_memory_bytes, memory_budget
 from asyncfl_jax.engine.callbacks import (Checkpoints, CSVLogger, DivergenceWarnings, JSONLinesLogger, ProgressBar,
-                                          StopWhenAllDiverged, progress_bar)
+                                          StopWhenAllDiverged, TensorBoardLogger, point_progress, progress_bar)
 from asyncfl_jax.engine.clocks import TRACE_NAMES, ClockChunk, InScanClock, PresampledClock
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import (Replica, default_hparams, make_replicas, replica_keys, resolve_hparams,
@@ -43,10 +43,10 @@ __all__ = [
     "INIT_BATCH", "INIT_ROUND_STREAM", "InScanClock", "JSONLinesLogger", "Jobs", "Lookahead", "LookaheadPlan",
     "METRIC_NAMES", "MemoryBudget", "PresampledClock", "ProgressBar", "Program", "Replica", "Run", "SERVER_STREAM",
     "ScheduleArrays", "ShardClients", "ShardJobs", "ShardReplicas", "SimulationOutput", "SingleDevice", "StepArrays",
-    "StopWhenAllDiverged", "TRACE_NAMES", "TrainAtArrival", "TrainAtDispatch", "Trainer",
+    "StopWhenAllDiverged", "TRACE_NAMES", "TensorBoardLogger", "TrainAtArrival", "TrainAtDispatch", "Trainer",
     "build_program", "client_shardings", "default_hparams", "device_memory_bytes", "flush_buckets",
     "freeze_diverged", "job_arrivals", "job_sharding", "keep_if_diverged", "lookahead_plan", "lookahead_windows",
     "make_history", "make_placement", "make_program", "make_replicas", "make_simulation", "make_trainer",
-    "memory_budget", "per_client_leaves", "prepare_run", "progress_bar", "replica_keys", "replica_shardings",
+    "memory_budget", "per_client_leaves", "point_progress", "prepare_run", "progress_bar", "replica_keys", "replica_shardings",
     "resolve_hparams", "schedule_arrays", "simulate", "slice_steps", "stack_hparams", "stack_schedules",
 ]

@@ -7,7 +7,10 @@ function ``fn(update)`` is called after each chunk. :func:`~asyncfl_jax.engine.s
 :class:`Checkpoints` (when a checkpoint folder is given), so a checkpoint holds what every other callback decided.
 
 :class:`CSVLogger` and :class:`JSONLinesLogger` stream every evaluation of every replica to a file (one row per
-replica and evaluation, with its seed and hyper-parameters), for users who follow runs with their own tools.
+replica and evaluation, with its seed and hyper-parameters), for users who follow runs with their own tools;
+:class:`TensorBoardLogger` writes them as TensorBoard scalars (optional ``tensorboardX``).
+
+Messages go to the ``asyncfl_jax`` logger (INFO), never to ``print``; warnings (divergence) through ``warnings``.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import logging
 import math
 import os
+import sys
 import time
 import warnings
 from typing import Any, TextIO
@@ -24,7 +29,10 @@ from typing import Any, TextIO
 import numpy as np
 
 from asyncfl_jax import checkpoint
-from asyncfl_jax.results import swept_names
+from asyncfl_jax.results import headline_metric, lower_is_better, point_name, swept_names
+
+
+logger = logging.getLogger(__name__)
 
 
 def progress_bar(total: int, enabled: bool, desc: str, initial: int = 0) -> Any:
@@ -35,23 +43,84 @@ def progress_bar(total: int, enabled: bool, desc: str, initial: int = 0) -> Any:
                 dynamic_ncols=True)
 
 
+def stderr_is_terminal() -> bool:
+    """Whether ``sys.stderr`` is an interactive terminal (progress bars are drawn only then)."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    try:
+        return bool(isatty()) if isatty is not None else False
+    except (ValueError, OSError):  # e.g. a closed stream
+        return False
+
+
+def point_progress(replicas: list[Any], metrics: dict[str, np.ndarray], diverged_at: np.ndarray) -> str:
+    """A short text of one evaluation for a progress bar: the headline metric (``test_accuracy`` when present, else
+    the first loss) averaged per hyper-parameter point over its finite, non-diverged replicas: ``acc=0.812`` for a
+    single point, ``acc best=0.812 (alpha=0.3) worst=0.700 (alpha=0.6)`` for several (best: largest accuracy,
+    smallest loss), then ``diverged=1/6`` when replicas diverged."""
+    metric = headline_metric(list(metrics))
+    short = "acc" if metric == "test_accuracy" else metric
+    values = np.asarray(metrics[metric], dtype=np.float64)
+    diverged_at = np.asarray(diverged_at)
+    swept = swept_names([r.hparams for r in replicas])
+    groups: dict[tuple, list[int]] = {}
+    for i, replica in enumerate(replicas):
+        groups.setdefault(tuple(sorted(replica.hparams.items())), []).append(i)
+    means = []
+    for members in groups.values():
+        kept = [values[i] for i in members if diverged_at[i] < 0 and np.isfinite(values[i])]
+        if kept:
+            means.append((float(np.mean(kept)), point_name({k: replicas[members[0]].hparams[k] for k in swept})))
+    parts = []
+    if len(groups) == 1 and means:
+        parts.append(f"{short}={means[0][0]:.3f}")
+    elif means:
+        means.sort(key=lambda m: m[0], reverse=not lower_is_better(metric))
+        parts.append(f"{short} best={means[0][0]:.3f} ({means[0][1]})")
+        if len(means) > 1:
+            parts.append(f"worst={means[-1][0]:.3f} ({means[-1][1]})")
+    diverged = int((diverged_at >= 0).sum())
+    if diverged:
+        parts.append(f"diverged={diverged}/{len(replicas)}")
+    return " ".join(parts)
+
+
 class ProgressBar:
-    """A progress bar of server steps, with the mean test accuracy of the finite replicas."""
+    """Progress of server steps with the headline metric per hyper-parameter point (:func:`point_progress`).
+
+    On a terminal (``sys.stderr`` is a TTY) it is a tqdm bar; otherwise (logs redirected to a file) no bar is drawn
+    and at most ten INFO lines per run go to the ``asyncfl_jax`` logger, at every tenth of the steps. The bar comes
+    from :func:`progress_bar` in both cases (a disabled one without a terminal).
+    """
+
+    LOG_LINES = 10
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self.bar: Any = None
+        self.terminal = False
+        self.next_log = 0
 
     def on_start(self, loop: Any) -> None:
         run = loop.run_spec
-        self.bar = progress_bar(run.num_steps, self.enabled, run.label, initial=loop.state.eval_steps[-1])
+        self.terminal = self.enabled and stderr_is_terminal()
+        done = int(loop.state.eval_steps[-1])
+        self.bar = progress_bar(run.num_steps, self.terminal, run.label, initial=done)
+        self.next_log = self._next_log_after(done, run.num_steps)
+
+    def _next_log_after(self, done: int, total: int) -> int:
+        tenth = max(1, -(-total // self.LOG_LINES))
+        return min(total, (done // tenth + 1) * tenth)
 
     def on_chunk(self, loop: Any, update: Any) -> None:
         del loop
         self.bar.update(update.steps_done)
-        accuracy = update.metrics["test_accuracy"]
-        if np.isfinite(accuracy).any():
-            self.bar.set_postfix(acc=f"{float(np.mean(accuracy[np.isfinite(accuracy)])):.3f}")
+        text = point_progress(update.replicas, update.metrics, update.diverged_at)
+        if self.terminal:
+            if text:
+                self.bar.set_postfix_str(text)
+        elif self.enabled and update.step >= self.next_log:
+            logger.info("%s: step %d/%d%s", update.label, update.step, update.num_steps, f", {text}" if text else "")
+            self.next_log = self._next_log_after(update.step, update.num_steps)
 
     def on_end(self, loop: Any, completed: bool) -> None:
         del loop, completed
@@ -221,3 +290,58 @@ class CSVLogger(_FileLogger):
             if self.file.tell() == 0:
                 self.writer.writeheader()
         self.writer.writerows(rows)
+
+
+def _tensorboardx() -> Any:
+    try:
+        import tensorboardX
+    except ImportError:
+        raise ImportError("TensorBoardLogger needs tensorboardX, which is not installed: pip install tensorboardX "
+                          "(or pip install 'asyncfl-jax[tensorboard]')") from None
+    return tensorboardX
+
+
+class TensorBoardLogger:
+    """Writes every replica's metrics as TensorBoard scalars (through ``tensorboardX``).
+
+    Each replica gets its own event-file folder ``<logdir>/<run>/<point>/seed<s>`` (``<point>``: the swept values,
+    e.g. ``alpha=0.3``; left out when the run sweeps nothing), and each metric is a scalar tagged by its name
+    (``test_accuracy``, ``test_loss``, ...) at ``global_step`` = server steps done (the virtual times are in
+    ``metrics.csv`` / the History). TensorBoard then draws one chart per metric with a line per (run, point, seed); the
+    folder names select them (regular expressions on ``point`` or ``seed``). Non-finite values (a diverged replica)
+    are written as they are. The initial model (step 0) is not written: callbacks see the evaluations after chunks.
+
+    Needs ``tensorboardX`` (``pip install 'asyncfl-jax[tensorboard]'``); the error says so when it is missing.
+    """
+
+    def __init__(self, logdir: str, flush_secs: int = 10) -> None:
+        _tensorboardx()  # a missing library is reported before anything runs
+        self.logdir = logdir
+        self.flush_secs = flush_secs
+        self.writers: dict[int, Any] = {}
+
+    def folder(self, label: str, replicas: list[Any], r: int) -> str:
+        """The event-file folder of replica ``r`` of run ``label``."""
+        swept = swept_names([rep.hparams for rep in replicas])
+        point = point_name({k: replicas[r].hparams[k] for k in swept}).replace(", ", ",")
+        parts = [self.logdir, label, *([point] if point else []), f"seed{replicas[r].seed}"]
+        return os.path.join(*parts)
+
+    def on_start(self, loop: Any) -> None:
+        run = loop.run_spec
+        writer = _tensorboardx().SummaryWriter
+        self.writers = {r: writer(self.folder(run.label, run.replicas, r), flush_secs=self.flush_secs)
+                        for r in range(len(run.replicas))}
+
+    def on_chunk(self, loop: Any, update: Any) -> None:
+        del loop
+        for r, writer in self.writers.items():
+            for name, values in update.metrics.items():
+                writer.add_scalar(name, float(values[r]), global_step=int(update.step))
+            writer.flush()
+
+    def on_end(self, loop: Any, completed: bool) -> None:
+        del loop, completed
+        for writer in self.writers.values():
+            writer.close()
+        self.writers = {}

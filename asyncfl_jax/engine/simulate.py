@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any, Mapping, Sequence
 
 from asyncfl_jax.algorithms.base import Algorithm
@@ -15,7 +14,7 @@ from asyncfl_jax.engine.placement import make_placement
 from asyncfl_jax.results import History
 from asyncfl_jax.task import Task
 
-logger = logging.getLogger("asyncfl_jax")
+logger = logging.getLogger(__name__)
 
 
 def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None = None,
@@ -35,7 +34,9 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
       seeds: training seeds; each seed is combined with every point of the hyper-parameter grid.
       hparams: hyper-parameter values; a list sweeps over its values (see :func:`make_replicas`).
       eval_every: evaluate the global model every this many server steps (and at the end).
-      progress: show a progress bar.
+      progress: show a progress bar when stderr is a terminal (otherwise at most ten INFO lines per run on the
+        ``asyncfl_jax`` logger; see :class:`~asyncfl_jax.engine.callbacks.ProgressBar`). The memory budget and a
+        resume are logged at INFO on the ``asyncfl_jax`` logger (silent unless logging is configured).
       label: name of the run in the History (default: the algorithm's name).
       shard_jobs, shard_replicas, shard_clients: spread the jobs of a step, the replicas, or the per-client state
         over all devices (at most one; see :mod:`asyncfl_jax.engine.placement`). Results equal the single-device run
@@ -64,8 +65,6 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
     placement = make_placement(shard_jobs, shard_replicas, shard_clients)
     run = prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead)
     budget = run.budget()
-    if progress:
-        print(f"{run.label}: {budget.describe()}", file=sys.stderr, flush=True)
     logger.info("%s: %s", run.label, budget.describe())
     budget.check()
     chain = [ProgressBar(progress), DivergenceWarnings(), StopWhenAllDiverged(), *callbacks]
@@ -74,7 +73,7 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         saver = Checkpoints(checkpoint_dir, run, checkpoint_every)
         chain.append(saver)
         state = saver.restore() if resume else None
-        if state is not None and progress:
-            print(f"{run.label}: resuming from the checkpoint in {checkpoint_dir} after server step "
-                  f"{state.eval_steps[-1]} of {run.num_steps}", file=sys.stderr, flush=True)
+        if state is not None:
+            logger.info("%s: resuming from the checkpoint in %s after server step %d of %d", run.label,
+                        checkpoint_dir, state.eval_steps[-1], run.num_steps)
     return make_history(run, HostLoop(run, chain).run(state))
