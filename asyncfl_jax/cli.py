@@ -96,7 +96,8 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--concurrency", type=int, help="clients in flight Mc (concurrent protocol)")
     g.add_argument("--buffer-size", type=int, help="arrivals per server step M (concurrent protocol)")
     g.add_argument("--refill", help="immediate | boundary (concurrent protocol)")
-    g.add_argument("--participants", type=int, help="clients per synchronous round (default: all)")
+    g.add_argument("--participants", type=int, help="clients per synchronous round (default with --algorithm fedavg: "
+                   "20, as many as FedBuff keeps in flight; in a config file: null = all)")
     g.add_argument("--steps", type=int, help="server steps T")
     g.add_argument("--arrivals", type=int, help="client uploads (T = arrivals / M)")
 
@@ -180,6 +181,8 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         run: dict[str, Any] = {"algorithm": args.algorithm, "options": {}, "hparams": {}, "arrivals": 3000,
                                "protocol": {"name": "synchronous" if args.algorithm == "fedavg" else "concurrent",
                                             "concurrency": 20, "buffer_size": 10, "refill": "boundary"}}
+        if args.algorithm == "fedavg":  # rounds of 20 sampled clients: as many training at once as FedBuff's Mc
+            run["protocol"] = {"name": "synchronous", "participants": 20}
         if args.algorithm in ("fedasync", "asgd"):
             run["protocol"].update(buffer_size=1, refill="immediate")
         if args.algorithm in ("ace", "aced", "delay_adaptive_asgd"):  # every client always computing (ACE paper)
