@@ -147,31 +147,59 @@ def split_clients_held_out(parts: Sequence[np.ndarray], client_test_fraction: fl
                            seed: int = 0) -> ClientSplit:
     """Splits every client's examples into its own train, test and validation examples (seeded, deterministic).
 
-    The split is over a client's *distinct* examples (a partition drawn with replacement may list one twice): they are
-    shuffled (one generator seeded with ``seed``, clients in order), the first ``n_test`` become the client's test
-    examples and the next ``n_val`` its validation examples (:func:`held_out_sizes`); the client trains on the rest,
-    every occurrence of a held-out example removed and the order of its list kept. The test examples do not depend on
-    ``validation_fraction``. Raises ``ValueError`` when ``client_test_fraction > 0`` and a client holds fewer than 2
-    distinct examples (one to test, one to train).
+    The split is over a client's *distinct* examples (a partition drawn with replacement may list one twice): each
+    (client, example) pair gets a uniform random key (one generator seeded with ``seed``), a client's pairs are
+    ordered by key, the first ``n_test`` become its test examples and the next ``n_val`` its validation examples
+    (:func:`held_out_sizes`); the client trains on the rest, every occurrence of a held-out example removed and the
+    order of its list kept. The test examples do not depend on ``validation_fraction``. Vectorized over clients (no
+    Python loop but the final split into one array per client). Raises ``ValueError`` when
+    ``client_test_fraction > 0`` and a client holds fewer than 2 distinct examples (one to test, one to train).
+
+    Returns index arrays (int64) into the pooled training arrays; test and validation examples in ascending order.
     """
     client_test_fraction = _check_fraction("client_test_fraction", client_test_fraction)
     validation_fraction = _check_fraction("validation_fraction", validation_fraction)
-    rng = np.random.default_rng([seed, 0x5E1D])
-    train, test, validation = [], [], []
-    for i, part in enumerate(parts):
-        part = np.asarray(part)
-        distinct = np.unique(part)
-        m = int(distinct.size)
-        if client_test_fraction > 0 and m < 2:
-            raise ValueError(f"client_test_fraction = {client_test_fraction} needs every client to hold at least 2 "
-                             f"distinct examples (one to test, one to train); client {i} holds {m}")
-        n_test, n_val = held_out_sizes(m, client_test_fraction, validation_fraction)
-        order = rng.permutation(distinct)
-        held_test, held_val = np.sort(order[:n_test]), np.sort(order[n_test:n_test + n_val])
-        test.append(held_test)
-        validation.append(held_val)
-        train.append(part[~np.isin(part, order[:n_test + n_val])])
+    num_clients = len(parts)
+    sizes = np.array([len(p) for p in parts], np.int64)
+    flat = np.concatenate([np.asarray(p, np.int64).reshape(-1) for p in parts]) if num_clients else np.zeros(0, int)
+    owner = np.repeat(np.arange(num_clients, dtype=np.int64), sizes)
+    span = int(flat.max()) + 1 if flat.size else 1
+    pairs, inverse = np.unique(owner * span + flat, return_inverse=True)  # distinct (client, example), by client
+    pair_owner, pair_example = pairs // span, pairs % span
+    m = np.bincount(pair_owner, minlength=num_clients)
+    if client_test_fraction > 0 and (m < 2).any():
+        i = int(np.flatnonzero(m < 2)[0])
+        raise ValueError(f"client_test_fraction = {client_test_fraction} needs every client to hold at least 2 "
+                         f"distinct examples (one to test, one to train); client {i} holds {int(m[i])}")
+    n_test, n_val = _held_out_sizes_array(m, client_test_fraction, validation_fraction)
+    keys = np.random.default_rng([seed, 0x5E1D]).random(pairs.size)
+    order = np.lexsort((keys, pair_owner))  # by client, then by random key
+    rank = np.empty(pairs.size, np.int64)
+    rank[order] = np.arange(pairs.size) - np.repeat(np.cumsum(m) - m, m)
+    role = np.where(rank < n_test[pair_owner], 1, np.where(rank < (n_test + n_val)[pair_owner], 2, 0))
+
+    def per_client(values: np.ndarray, of: np.ndarray) -> list[np.ndarray]:
+        return np.split(values, np.searchsorted(of, np.arange(1, num_clients)))
+
+    keep = role[inverse] == 0
+    train = per_client(flat[keep], owner[keep])
+    test_pairs, val_pairs = role == 1, role == 2
+    test = per_client(pair_example[test_pairs], pair_owner[test_pairs])
+    validation = per_client(pair_example[val_pairs], pair_owner[val_pairs])
     return ClientSplit(train, test, validation)
+
+
+def _held_out_sizes_array(m: np.ndarray, client_test_fraction: float,
+                          validation_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`held_out_sizes` for an array of client sizes."""
+    n_test = np.zeros_like(m)
+    if client_test_fraction > 0:
+        n_test = np.minimum(np.maximum(1, np.floor(client_test_fraction * m + 0.5).astype(np.int64)), m - 1)
+    n_val = np.zeros_like(m)
+    if validation_fraction > 0:
+        rest = m - n_test
+        n_val = np.maximum(np.minimum(np.floor(validation_fraction * rest + 0.5).astype(np.int64), rest - 1), 0)
+    return n_test, n_val
 
 
 def choose_eval_clients(num_clients: int, eval_clients: int | None, seed: int = 0) -> np.ndarray:
