@@ -16,7 +16,7 @@ from asyncfl_jax import LocalConfig, cli, fedbuff, make_model, make_schedule, ma
 from asyncfl_jax.checkpoint import CheckpointMismatchError, SimulationInterrupted
 from asyncfl_jax.config import ConfigError, ExperimentConfig, validate
 from asyncfl_jax.data import synthetic_leaf
-from asyncfl_jax.results import write_client_metrics
+from asyncfl_jax.results import load_history, save_history, write_client_metrics
 from asyncfl_jax.task import (
     choose_eval_clients,
     held_out_sizes,
@@ -262,6 +262,12 @@ def test_the_client_metrics_file_holds_the_history_arrays(runs, tmp_path):
             assert z[k].tobytes() == v.tobytes()
     assert write_client_metrics(str(tmp_path / "none"), dataclass_without_clients(full)) is None
     assert not os.path.exists(tmp_path / "none")
+    save_history(full, str(tmp_path / "saved"))  # the History file (what a resumed experiment reloads)
+    loaded = load_history(str(tmp_path / "saved"))
+    np.testing.assert_array_equal(loaded.client_ids, full.client_ids)
+    assert list(loaded.metrics) == list(full.metrics)
+    for k, v in full.client_metrics.items():
+        assert loaded.client_metrics[k].tobytes() == v.tobytes()
 
 
 def dataclass_without_clients(history):
