@@ -137,7 +137,8 @@ def run_identity(
     """What a checkpoint must match to be resumed: everything that determines the run's result.
 
     The schedules enter as a hash of their arrays; the task as its name, number of clients and parameters, the
-    shapes and dtypes of its arrays and a hash of the initial model ``x0`` (the data themselves are not hashed).
+    shapes and dtypes of its arrays, a hash of the initial model ``x0`` (the data themselves are not hashed) and its
+    evaluation split (held-out fractions and evaluated clients) when it has one.
     """
     return _canonical({
         "label": label,
@@ -150,12 +151,21 @@ def run_identity(
         "num_steps": int(num_steps),
         "eval_every": int(eval_every),
         "task": {"name": task.name, "num_clients": int(task.num_clients), "num_params": int(task.num_params),
-                 "arrays": tree_signature(data), "x0_sha256": hash_arrays(data.x0)},
+                 "arrays": tree_signature(data), "x0_sha256": hash_arrays(data.x0),
+                 **_evaluation_identity(task)},
         "carry": tree_signature(carry_shape),
         "shard_jobs": bool(shard_jobs),
         "shard_replicas": bool(shard_replicas),
         "shard_clients": bool(shard_clients),
     })
+
+
+def _evaluation_identity(task: Any) -> dict[str, Any]:
+    """The task's evaluation split (held-out fractions, evaluated clients) when it has one; nothing otherwise, so
+    that the identity of a task without one is what it always was."""
+    options = getattr(task, "evaluation_options", None)
+    split = options() if callable(options) else {}
+    return {"evaluation": split} if split else {}
 
 
 def _differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:

@@ -40,7 +40,13 @@ class DataConfig:
     """Dataset and partition. ``partition="natural"`` keeps LEAF Synthetic's own clients. ``name`` "fashion_mnist" /
     "mnist" read IDX files from ``path``; "tfds/<name>" (mnist, fashion_mnist, emnist = EMNIST ByClass, cifar10,
     cifar100) reads a dataset prepared with TensorFlow Datasets (array_record) from the TFDS data folder ``path``
-    (default ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``)."""
+    (default ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
+
+    Evaluation splits (see :func:`asyncfl_jax.task.make_task`; all off by default): ``client_test_fraction`` holds
+    that fraction of each client's examples out as its own test examples (per-client accuracy: ``client_accuracy_*``
+    metrics); ``validation_fraction`` holds that fraction of each client's remaining examples out into a pooled
+    validation set (``val_accuracy``, ``val_loss``); ``eval_clients`` reports the per-client metrics on a fixed random
+    subset of that many clients (drawn with ``seed``; null: all)."""
 
     name: str = "synthetic"
     path: str | None = None
@@ -55,6 +61,9 @@ class DataConfig:
     synthetic_beta: float = 1.0
     synthetic_max_samples: int | None = 500
     seed: int = 0
+    client_test_fraction: float = 0.0
+    validation_fraction: float = 0.0
+    eval_clients: int | None = None
 
 
 @dataclasses.dataclass
@@ -400,6 +409,17 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
         _check_int("data.synthetic_max_samples", d.synthetic_max_samples, 50,
                    "must be null or an integer >= 50 (the smallest client size of LEAF Synthetic)")
     _check_int("data.seed", d.seed, 0)
+    for opt in ("client_test_fraction", "validation_fraction"):
+        v = getattr(d, opt)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v < 1:
+            _fail(f"data.{opt}", v, "must be a finite number in [0, 1) (0: off)")
+    if d.eval_clients is not None:
+        _check_int("data.eval_clients", d.eval_clients, 1, "must be null (all clients) or an integer >= 1")
+        if d.eval_clients > d.num_clients:
+            _fail("data.eval_clients", d.eval_clients, f"must be <= data.num_clients ({d.num_clients})")
+        if d.client_test_fraction == 0:
+            _fail("data.eval_clients", d.eval_clients, "needs data.client_test_fraction > 0 (the per-client metrics "
+                  "are measured on each client's own held-out test examples)")
     if d.name in ("fashion_mnist", "mnist") and check_files:
         from asyncfl_jax.data.idx import DatasetNotFoundError, find_idx_dir
 

@@ -43,6 +43,7 @@ from asyncfl_jax.results import (
     remove_history,
     save_history,
     write_atomic,
+    write_client_metrics,
     write_results,
 )
 from asyncfl_jax.task import Task, make_task
@@ -93,7 +94,14 @@ def build_task(cfg: ExperimentConfig) -> Task:
     dataset = load_dataset(cfg)
     parts = partition_dataset(cfg, dataset)
     model = make_model(cfg.model.name, dataset.input_shape, dataset.num_classes, cfg.model.seed, cfg.model.hidden)
-    return make_task(dataset, parts, model, seed=cfg.data.seed)
+    d = cfg.data
+    try:
+        return make_task(dataset, parts, model, seed=d.seed, client_test_fraction=d.client_test_fraction,
+                         validation_fraction=d.validation_fraction, eval_clients=d.eval_clients)
+    except ValueError as e:  # a client too small to split: known only once the data are partitioned
+        raise ConfigError(f"invalid data options (client_test_fraction = {d.client_test_fraction}, "
+                          f"validation_fraction = {d.validation_fraction}, eval_clients = {d.eval_clients}): {e}"
+                          ) from None
 
 
 def build_schedules(cfg: ExperimentConfig, run: RunConfig) -> list[Schedule] | list[EventClock]:
@@ -267,7 +275,8 @@ def clean_output(output: str) -> None:
     for name in OUTPUT_FILES:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(output, name))
-    for path in glob.glob(os.path.join(output, "schedules", "*-seed*.npz")):
+    for path in (*glob.glob(os.path.join(output, "schedules", "*-seed*.npz")),
+                 *glob.glob(os.path.join(output, "client_metrics", "*.npz"))):
         os.remove(path)
     for folder in glob.glob(os.path.join(output, "checkpoints", "*")):
         if os.path.isdir(folder):
@@ -276,7 +285,7 @@ def clean_output(output: str) -> None:
             for tmp in glob.glob(os.path.join(folder, ".tmp-*")):
                 os.remove(tmp)
     for folder in (*glob.glob(os.path.join(output, "checkpoints", "*")), os.path.join(output, "checkpoints"),
-                   os.path.join(output, "schedules")):
+                   os.path.join(output, "schedules"), os.path.join(output, "client_metrics")):
         with contextlib.suppress(OSError):  # only when empty
             os.rmdir(folder)
 
@@ -343,4 +352,6 @@ def run_config(
         histories.append(history)
     if write:
         write_results(cfg.output, config, histories, plot=plot, environment=environment)
+        for history in histories:
+            write_client_metrics(cfg.output, history)
     return histories

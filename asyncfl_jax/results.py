@@ -24,6 +24,10 @@ Results schema (one output folder per ``asyncfl run``):
   ``started_utc`` (when this process started writing the results, ISO 8601).
 * ``schedules/<run>-seed<s>.npz``: the exact arrival schedule of each run and seed (``Schedule.load``; replay it with
   ``runs[i].schedule_files``).
+* ``client_metrics/<run>.npz`` (with a per-client test split, ``data.client_test_fraction > 0``): ``steps``,
+  ``seeds``, ``client_ids`` and each per-client metric (``client_accuracy``, ``client_loss``) as float [R, E, C]
+  (:func:`write_client_metrics`); their summaries (``client_accuracy_mean``, ``client_accuracy_worst10``, ...) are
+  columns of ``metrics.csv``, as are ``val_accuracy`` and ``val_loss`` with a validation split.
 * ``accuracy.png``: the headline metric against virtual time, server step and client uploads: one line per (run,
   hyper-parameter point), the mean over its non-diverged seeds with a min-max band over them; a diverged replica is
   left out of both and marked by a dotted vertical line at its divergence step.
@@ -154,7 +158,9 @@ class History:
       steps: int [E] server steps at which the model was evaluated (0 = the initial model).
       times: float [R, E] virtual time at those steps, per replica.
       uploads: int [R, E] client results received by then.
-      metrics: name -> float [R, E] (e.g. test_accuracy, test_loss, train_loss; a task may have others).
+      metrics: name -> float [R, E]: whatever the task's evaluator reports (test_accuracy, test_loss, train_loss;
+        val_accuracy, val_loss with a validation split; client_accuracy_mean, client_accuracy_worst10, ... with a
+        per-client test split, see :func:`asyncfl_jax.task.make_evaluator`).
       seeds: the training seed of each replica; ``hparams`` its hyper-parameters.
       diverged_at: int [R] first server step whose model had a NaN/inf (-1: never).
       schedule_stats: staleness/participation summary of the schedule (one entry, or one per replica).
@@ -171,6 +177,9 @@ class History:
         (steps trained together per flush; histogram over lengths 1..L); None otherwise.
       job_steps: int [R, T] under the event clock, the local step count of the job applied at each server step
         (AsyncFedED's K); None otherwise.
+      client_metrics: with a per-client test split, name -> float [R, E, C] (``client_accuracy``, ``client_loss``):
+        each evaluated client's metric on its own test examples at every evaluation; None otherwise.
+      client_ids: int [C], the ids of the evaluated clients (the last axis of ``client_metrics``); None otherwise.
     """
 
     label: str
@@ -194,6 +203,8 @@ class History:
     realized_schedules: list[Any] | None = None
     lookahead: dict[str, Any] | None = None
     job_steps: np.ndarray | None = None
+    client_metrics: dict[str, np.ndarray] | None = None
+    client_ids: np.ndarray | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -557,6 +568,20 @@ def write_results(out_dir: str, config: dict[str, Any], histories: Sequence[Hist
         plot_accuracy(histories, png)
         written.append(png)
     return written
+
+
+def write_client_metrics(out_dir: str, history: History) -> str | None:
+    """Writes ``<out_dir>/client_metrics/<run>.npz`` (atomically) when ``history`` has per-client metrics: ``steps``
+    [E], ``seeds`` [R], ``client_ids`` [C] and every per-client metric [R, E, C] (e.g. ``client_accuracy``), as in
+    ``History.client_metrics``; returns the path, or None (nothing written) without per-client metrics."""
+    if not history.client_metrics:
+        return None
+    path = os.path.join(out_dir, "client_metrics", f"{history.label}.npz")
+    arrays = {"steps": np.asarray(history.steps), "seeds": np.asarray(history.seeds, np.int64),
+              "client_ids": np.asarray(history.client_ids, np.int64), **history.client_metrics}
+    with atomic_file(path) as f:
+        np.savez(f, **arrays)
+    return path
 
 
 # ---------------------------------------------------------------------------------------------------- reproducibility

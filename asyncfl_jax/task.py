@@ -1,16 +1,57 @@
-"""A Task bundles what a simulation trains and evaluates: the model, every client's data and the test data."""
+"""A Task bundles what a simulation trains and evaluates: the model, every client's data and the evaluation data.
+
+Evaluation data (all optional beyond the pooled test set, see :func:`make_task`):
+
+* the pooled test set (the dataset's test split): ``test_accuracy``, ``test_loss``;
+* a fixed sample of the clients' training examples: ``train_loss``;
+* a pooled validation set held out of every client's training examples (``validation_fraction``): ``val_accuracy``,
+  ``val_loss``;
+* each client's own held-out test examples (``client_test_fraction``), on all clients or a fixed subset of them
+  (``eval_clients``): the per-client vectors ``client_accuracy``, ``client_loss`` and their summaries
+  ``client_accuracy_mean``, ``client_accuracy_worst10``, ``client_accuracy_std``, ``client_accuracy_min`` (and the
+  same for the loss, where the worst clients are those with the highest loss).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import math
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from asyncfl_jax.data.client_data import ClientData, Dataset
-from asyncfl_jax.models.core import Model, cross_entropy_loss
+from asyncfl_jax.models.core import Model
+
+WORST_FRACTION = 0.1  # client_*_worst10: the mean over the worst ceil(10%) of the evaluated clients
+HIGHER_IS_BETTER = ("accuracy",)  # per-example metrics whose worst clients are the lowest; the others: the highest
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ClientTestSet:
+    """The evaluated clients' own test examples, flattened into one list (no per-client padding).
+
+    Example ``j`` of the list is ``features[index[j]]`` of the training arrays (:class:`ClientData`) and belongs to
+    the evaluated client at position ``position[j]`` (``0 <= position[j] < C``; the client's id is
+    ``Task.eval_client_ids[position[j]]``).
+
+    Attributes:
+      index: int32 [M], the examples' indices into the pooled training arrays.
+      position: int32 [M], the position of each example's client among the evaluated clients.
+      counts: float32 [C], each evaluated client's number of test examples (>= 1).
+    """
+
+    index: jax.Array
+    position: jax.Array
+    counts: jax.Array
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.counts.shape[0])
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -19,11 +60,16 @@ class Task:
 
     Attributes:
       model: the model (``apply_fn`` and initial parameters ``x_0``).
-      train: every client's training data on the device.
+      train: every client's training data on the device (held-out examples excluded).
       test_x, test_y: the pooled test set.
       train_eval_x, train_eval_y: a fixed sample of the pooled training data on which the train loss is reported.
       num_classes: number of classes.
       name: a short description, e.g. ``"synthetic(1,1)/mlp"``.
+      val_x, val_y: the pooled validation set (None: no validation split).
+      client_test: the evaluated clients' own test examples (None: no per-client split).
+      eval_client_ids: int [C], the ids of the clients whose per-client metrics are reported, ascending (None: no
+        per-client split).
+      client_test_fraction, validation_fraction: the fractions the split was made with (0: off).
     """
 
     model: Model
@@ -34,6 +80,12 @@ class Task:
     train_eval_y: jax.Array
     num_classes: int
     name: str = "task"
+    val_x: jax.Array | None = None
+    val_y: jax.Array | None = None
+    client_test: ClientTestSet | None = None
+    eval_client_ids: np.ndarray | None = None
+    client_test_fraction: float = 0.0
+    validation_fraction: float = 0.0
 
     @property
     def num_clients(self) -> int:
@@ -43,6 +95,139 @@ class Task:
     def num_params(self) -> int:
         return self.model.num_params
 
+    def evaluation_options(self) -> dict[str, Any]:
+        """The evaluation split as plain values (``{}`` when there is none): what a checkpoint must match too."""
+        if self.client_test is None and self.val_x is None:
+            return {}
+        ids = None if self.eval_client_ids is None else [int(i) for i in self.eval_client_ids]
+        return {"client_test_fraction": self.client_test_fraction, "validation_fraction": self.validation_fraction,
+                "eval_client_ids": ids}
+
+
+# ---------------------------------------------------------------------------------------------------- splits
+@dataclasses.dataclass(frozen=True)
+class ClientSplit:
+    """Each client's examples split three ways (index arrays into the pooled training arrays, one per client)."""
+
+    train: list[np.ndarray]
+    test: list[np.ndarray]
+    validation: list[np.ndarray]
+
+
+def _check_fraction(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not math.isfinite(value) \
+            or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a finite number in [0, 1) (0: off), got {value!r}")
+    return float(value)
+
+
+def _round_half_up(value: float) -> int:
+    return int(math.floor(value + 0.5))
+
+
+def held_out_sizes(num_examples: int, client_test_fraction: float, validation_fraction: float) -> tuple[int, int]:
+    """``(n_test, n_val)`` of a client holding ``m = num_examples`` distinct examples.
+
+    ``n_test = min(max(1, round(f_test * m)), m - 1)`` when ``f_test > 0`` (at least one test example, at least one
+    training example left), else 0; ``n_val = min(round(f_val * (m - n_test)), m - n_test - 1)`` (a fraction of the
+    examples left for training, at least one training example kept; it may be 0 for a small client). ``round``
+    rounds halves up.
+    """
+    n_test = 0
+    if client_test_fraction > 0:
+        n_test = min(max(1, _round_half_up(client_test_fraction * num_examples)), num_examples - 1)
+    n_val = 0
+    if validation_fraction > 0:
+        rest = num_examples - n_test
+        n_val = min(_round_half_up(validation_fraction * rest), rest - 1)
+    return n_test, n_val
+
+
+def split_clients_held_out(parts: Sequence[np.ndarray], client_test_fraction: float, validation_fraction: float,
+                           seed: int = 0) -> ClientSplit:
+    """Splits every client's examples into its own train, test and validation examples (seeded, deterministic).
+
+    The split is over a client's *distinct* examples (a partition drawn with replacement may list one twice): each
+    (client, example) pair gets a uniform random key (one generator seeded with ``seed``), a client's pairs are
+    ordered by key, the first ``n_test`` become its test examples and the next ``n_val`` its validation examples
+    (:func:`held_out_sizes`); the client trains on the rest, every occurrence of a held-out example removed and the
+    order of its list kept. The test examples do not depend on ``validation_fraction``. Vectorized over clients (no
+    Python loop but the final split into one array per client). Raises ``ValueError`` when
+    ``client_test_fraction > 0`` and a client holds fewer than 2 distinct examples (one to test, one to train).
+
+    Returns index arrays (int64) into the pooled training arrays; test and validation examples in ascending order.
+    """
+    client_test_fraction = _check_fraction("client_test_fraction", client_test_fraction)
+    validation_fraction = _check_fraction("validation_fraction", validation_fraction)
+    num_clients = len(parts)
+    sizes = np.array([len(p) for p in parts], np.int64)
+    flat = np.concatenate([np.asarray(p, np.int64).reshape(-1) for p in parts]) if num_clients else np.zeros(0, int)
+    owner = np.repeat(np.arange(num_clients, dtype=np.int64), sizes)
+    span = int(flat.max()) + 1 if flat.size else 1
+    pairs, inverse = np.unique(owner * span + flat, return_inverse=True)  # distinct (client, example), by client
+    pair_owner, pair_example = pairs // span, pairs % span
+    m = np.bincount(pair_owner, minlength=num_clients)
+    if client_test_fraction > 0 and (m < 2).any():
+        i = int(np.flatnonzero(m < 2)[0])
+        raise ValueError(f"client_test_fraction = {client_test_fraction} needs every client to hold at least 2 "
+                         f"distinct examples (one to test, one to train); client {i} holds {int(m[i])}")
+    n_test, n_val = _held_out_sizes_array(m, client_test_fraction, validation_fraction)
+    keys = np.random.default_rng([seed, 0x5E1D]).random(pairs.size)
+    order = np.lexsort((keys, pair_owner))  # by client, then by random key
+    rank = np.empty(pairs.size, np.int64)
+    rank[order] = np.arange(pairs.size) - np.repeat(np.cumsum(m) - m, m)
+    role = np.where(rank < n_test[pair_owner], 1, np.where(rank < (n_test + n_val)[pair_owner], 2, 0))
+
+    def per_client(values: np.ndarray, of: np.ndarray) -> list[np.ndarray]:
+        return np.split(values, np.searchsorted(of, np.arange(1, num_clients)))
+
+    keep = role[inverse] == 0
+    train = per_client(flat[keep], owner[keep])
+    test_pairs, val_pairs = role == 1, role == 2
+    test = per_client(pair_example[test_pairs], pair_owner[test_pairs])
+    validation = per_client(pair_example[val_pairs], pair_owner[val_pairs])
+    return ClientSplit(train, test, validation)
+
+
+def _held_out_sizes_array(m: np.ndarray, client_test_fraction: float,
+                          validation_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`held_out_sizes` for an array of client sizes."""
+    n_test = np.zeros_like(m)
+    if client_test_fraction > 0:
+        n_test = np.minimum(np.maximum(1, np.floor(client_test_fraction * m + 0.5).astype(np.int64)), m - 1)
+    n_val = np.zeros_like(m)
+    if validation_fraction > 0:
+        rest = m - n_test
+        n_val = np.maximum(np.minimum(np.floor(validation_fraction * rest + 0.5).astype(np.int64), rest - 1), 0)
+    return n_test, n_val
+
+
+def choose_eval_clients(num_clients: int, eval_clients: int | None, seed: int = 0) -> np.ndarray:
+    """The ids (ascending) of the clients whose per-client metrics are reported: all of them when ``eval_clients`` is
+    None or ``num_clients``, else ``eval_clients`` of them drawn once without replacement with ``seed`` (the data
+    seed: the same subset for every replica and every evaluation)."""
+    if eval_clients is None:
+        return np.arange(num_clients)
+    if isinstance(eval_clients, bool) or not isinstance(eval_clients, (int, np.integer)) \
+            or not 1 <= eval_clients <= num_clients:
+        raise ValueError(f"eval_clients must be null (all clients) or an integer in [1, {num_clients}] (the number "
+                         f"of clients), got {eval_clients!r}")
+    if eval_clients == num_clients:
+        return np.arange(num_clients)
+    rng = np.random.default_rng([seed, 0xC11E])
+    return np.sort(rng.choice(num_clients, size=int(eval_clients), replace=False))
+
+
+def client_test_set(test_parts: Sequence[np.ndarray], ids: np.ndarray) -> ClientTestSet:
+    """The flat :class:`ClientTestSet` of the clients ``ids`` (their test index arrays ``test_parts[i]``)."""
+    chosen = [np.asarray(test_parts[i]) for i in ids]
+    counts = np.array([p.size for p in chosen], np.float32)
+    return ClientTestSet(
+        index=jnp.asarray(np.concatenate(chosen).astype(np.int32)),
+        position=jnp.asarray(np.repeat(np.arange(len(chosen)), [p.size for p in chosen]).astype(np.int32)),
+        counts=jnp.asarray(counts),
+    )
+
 
 def make_task(
     dataset: Dataset,
@@ -50,12 +235,44 @@ def make_task(
     model: Model,
     train_eval_size: int = 5000,
     seed: int = 0,
+    client_test_fraction: float = 0.0,
+    validation_fraction: float = 0.0,
+    eval_clients: int | None = None,
 ) -> Task:
     """Builds a task from a dataset, a partition of its training split and a model.
 
     The train loss is evaluated on ``train_eval_size`` examples drawn once (without replacement, with ``seed``) from
-    the examples the clients hold; all of them when there are fewer.
+    the examples the clients train on; all of them when there are fewer.
+
+    Args:
+      client_test_fraction: in [0, 1); > 0 holds that fraction of each client's examples out as the client's own test
+        examples (at least one; see :func:`split_clients_held_out` for the rule), on which the per-client metrics are
+        reported. 0 (default): no per-client split, the clients keep every example.
+      validation_fraction: in [0, 1); > 0 holds that fraction of each client's remaining (training) examples out into
+        a pooled validation set (``val_accuracy``, ``val_loss``); the clients never train on them.
+      eval_clients: report the per-client metrics on a fixed random subset of this many clients (drawn with
+        ``seed``); None: all clients. Needs ``client_test_fraction > 0``.
+      seed: the data seed: the train-loss sample, the held-out split and the evaluated subset.
     """
+    client_test_fraction = _check_fraction("client_test_fraction", client_test_fraction)
+    validation_fraction = _check_fraction("validation_fraction", validation_fraction)
+    if eval_clients is not None and client_test_fraction == 0:
+        raise ValueError(f"eval_clients = {eval_clients!r} needs client_test_fraction > 0 (the per-client metrics "
+                         "are measured on each client's own test examples)")
+    ids = choose_eval_clients(len(parts), eval_clients, seed) if client_test_fraction > 0 else None
+    extra: dict[str, Any] = {}
+    if client_test_fraction > 0 or validation_fraction > 0:
+        split = split_clients_held_out(parts, client_test_fraction, validation_fraction, seed)
+        parts = split.train
+        if client_test_fraction > 0:
+            extra.update(client_test=client_test_set(split.test, ids), eval_client_ids=ids)
+        if validation_fraction > 0:
+            val = np.concatenate(split.validation).astype(np.int64)
+            if val.size == 0:
+                raise ValueError(f"validation_fraction = {validation_fraction} holds out no example: every client "
+                                 "is too small (each keeps at least one training example); raise it or use 0")
+            extra.update(val_x=jnp.asarray(dataset.train_x[val], jnp.float32),
+                         val_y=jnp.asarray(dataset.train_y[val], jnp.int32))
     train = ClientData.from_partition(dataset.train_x, dataset.train_y, parts)
     held = np.concatenate([np.asarray(p) for p in parts])
     rng = np.random.default_rng([seed, 0xE7A1])
@@ -69,6 +286,9 @@ def make_task(
         train_eval_y=jnp.asarray(dataset.train_y[sample], jnp.int32),
         num_classes=dataset.num_classes,
         name=f"{dataset.name}/{model.name}",
+        client_test_fraction=client_test_fraction,
+        validation_fraction=validation_fraction,
+        **extra,
     )
 
 
@@ -81,6 +301,8 @@ class TaskArrays:
       train: every client's training data.
       x0: the initial global model, flat [d].
       test_x, test_y, train_eval_x, train_eval_y: evaluation data (see :class:`Task`).
+      val_x, val_y, client_test: the optional validation set and per-client test examples (None when off; a None
+        field has no leaves, so a task without them has the same arrays as before they existed).
     """
 
     train: ClientData
@@ -89,6 +311,9 @@ class TaskArrays:
     test_y: jax.Array
     train_eval_x: jax.Array
     train_eval_y: jax.Array
+    val_x: jax.Array | None = None
+    val_y: jax.Array | None = None
+    client_test: ClientTestSet | None = None
 
 
 def task_arrays(task: Task) -> TaskArrays:
@@ -99,42 +324,117 @@ def task_arrays(task: Task) -> TaskArrays:
         test_y=task.test_y,
         train_eval_x=task.train_eval_x,
         train_eval_y=task.train_eval_y,
+        val_x=task.val_x,
+        val_y=task.val_y,
+        client_test=task.client_test,
     )
 
 
-def make_evaluator(model: Model, batch_size: int = 2000):
-    """Returns ``evaluate(flat_params, arrays) -> {"test_accuracy", "test_loss", "train_loss"}`` (pure, jittable).
+# ---------------------------------------------------------------------------------------------------- evaluation
+def example_metrics(model: Model, flat: jax.Array, x: jax.Array, y: jax.Array) -> dict[str, jax.Array]:
+    """Per-example metrics of the model ``flat`` on a batch: ``{"loss": softmax cross-entropy [b], "accuracy": 1.0
+    where the arg-max class is the label, else 0.0 [b]}`` (the one place a batch is scored)."""
+    logits = model.flat_apply(flat, x)
+    return {"loss": optax.softmax_cross_entropy_with_integer_labels(logits, y),
+            "accuracy": (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)}
 
-    ``arrays`` is the task's :class:`TaskArrays`. The data are split into fixed batches (the last one padded and
-    masked) so memory stays bounded for large test sets.
+
+def _batches(n: int, batch_size: int) -> tuple[int, int]:
+    """``(number of batches, batch size)`` covering ``n`` items in batches of at most ``batch_size``."""
+    b = max(1, min(batch_size, n))
+    return -(-n // b), b
+
+
+def _padded(a: jax.Array, nb: int, b: int) -> jax.Array:
+    """``a`` [n, ...] zero-padded to ``nb * b`` rows and reshaped to [nb, b, ...]."""
+    pad = nb * b - int(a.shape[0])
+    return jnp.concatenate([a, jnp.zeros((pad, *a.shape[1:]), a.dtype)]).reshape(nb, b, *a.shape[1:])
+
+
+def pooled_metrics(model: Model, flat: jax.Array, x: jax.Array, y: jax.Array, batch_size: int) -> dict[str, jax.Array]:
+    """The example-weighted mean of every per-example metric over ``(x, y)``: ``(1/n) sum_j v_j``, computed in fixed
+    batches (the last one padded and masked) so memory stays bounded."""
+    n = int(x.shape[0])
+    nb, b = _batches(n, batch_size)
+    w = (jnp.arange(nb * b) < n).astype(jnp.float32).reshape(nb, b)
+
+    def one(batch):
+        xb, yb, wb = batch
+        return {k: jnp.sum(v * wb) for k, v in example_metrics(model, flat, xb, yb).items()}
+
+    totals = jax.lax.map(one, (_padded(x, nb, b), _padded(y, nb, b), w))
+    return {k: jnp.sum(v) / n for k, v in totals.items()}
+
+
+def per_client_metrics(model: Model, flat: jax.Array, features: jax.Array, labels: jax.Array,
+                       clients: ClientTestSet, batch_size: int) -> dict[str, jax.Array]:
+    """Every per-example metric averaged over each evaluated client's own test examples: ``[C]`` vectors
+    ``v_i = (1/m_i) sum_{j in client i} v_j``.
+
+    One pass over the flat list of all evaluated clients' examples in fixed batches (gathered from the training
+    arrays batch by batch), then a segment sum by client: no per-client padding and no loop over clients."""
+    m = int(clients.index.shape[0])
+    nb, b = _batches(m, batch_size)
+    w = (jnp.arange(nb * b) < m).astype(jnp.float32).reshape(nb, b)
+
+    def one(batch):
+        ib, wb = batch
+        return {k: v * wb for k, v in example_metrics(model, flat, features[ib], labels[ib]).items()}
+
+    values = jax.lax.map(one, (_padded(clients.index, nb, b), w))
+    position = _padded(clients.position, nb, b).reshape(-1)
+    c = clients.num_clients
+    return {k: jax.ops.segment_sum(v.reshape(-1), position, num_segments=c) / clients.counts
+            for k, v in values.items()}
+
+
+def client_summaries(name: str, values: jax.Array) -> dict[str, jax.Array]:
+    """Summaries over the evaluated clients of one per-client metric ``values`` [C] (each client counts once):
+
+    * ``client_<name>_mean``: the unweighted mean over clients;
+    * ``client_<name>_worst10``: the mean over the worst ``k = ceil(0.1 C)`` clients (the lowest values for accuracy,
+      the highest for a loss), as in the fairness literature (q-FFL, Ditto);
+    * ``client_<name>_std``: the standard deviation over clients (population, ``ddof = 0``);
+    * ``client_<name>_min`` for accuracy (the worst client), ``client_<name>_max`` for a loss.
+    """
+    c = int(values.shape[0])
+    k = max(1, math.ceil(WORST_FRACTION * c - 1e-9))
+    higher_better = name in HIGHER_IS_BETTER
+    ordered = jnp.sort(values)
+    worst = ordered[:k] if higher_better else ordered[c - k:]
+    extreme = ("min", ordered[0]) if higher_better else ("max", ordered[-1])
+    return {f"client_{name}_mean": jnp.mean(values), f"client_{name}_worst10": jnp.mean(worst),
+            f"client_{name}_std": jnp.std(values), f"client_{name}_{extreme[0]}": extreme[1]}
+
+
+def make_evaluator(model: Model, batch_size: int = 2000):
+    """Returns ``evaluate(flat_params, arrays) -> metrics`` (pure, jittable); ``arrays`` is the task's
+    :class:`TaskArrays`.
+
+    The metrics are scalars, except the per-client vectors ``client_accuracy`` and ``client_loss`` ([C], in the order
+    of ``Task.eval_client_ids``):
+
+    * always ``test_accuracy``, ``test_loss`` (pooled test set) and ``train_loss`` (the train-loss sample);
+    * with a validation set, ``val_accuracy`` and ``val_loss`` (pooled over its examples);
+    * with per-client test examples, the vectors and their summaries (:func:`client_summaries`).
+
+    Pooled metrics are example-weighted means, per-client summaries weigh every client once. The data are scored in
+    fixed batches of ``batch_size`` (the last one padded and masked) so memory stays bounded.
     """
 
-    def batched(x: jax.Array, y: jax.Array):
-        n = int(x.shape[0])
-        b = min(batch_size, n)
-        nb = -(-n // b)
-        pad = nb * b - n
-        xp = jnp.concatenate([x, jnp.zeros((pad, *x.shape[1:]), x.dtype)]).reshape(nb, b, *x.shape[1:])
-        yp = jnp.concatenate([y, jnp.zeros((pad,), y.dtype)]).reshape(nb, b)
-        wp = (jnp.arange(nb * b) < n).astype(jnp.float32).reshape(nb, b)
-        return xp, yp, wp, n
-
-    def sums(flat: jax.Array, x: jax.Array, y: jax.Array):
-        xp, yp, wp, n = batched(x, y)
-
-        def one(batch):
-            xb, yb, wb = batch
-            logits = model.flat_apply(flat, xb)
-            loss = cross_entropy_loss(logits, yb, wb) * jnp.sum(wb)
-            correct = jnp.sum((jnp.argmax(logits, axis=-1) == yb) * wb)
-            return loss, correct
-
-        losses, correct = jax.lax.map(one, (xp, yp, wp))
-        return jnp.sum(losses) / n, jnp.sum(correct) / n
-
     def evaluate(flat: jax.Array, arrays: TaskArrays) -> dict[str, jax.Array]:
-        test_loss, test_acc = sums(flat, arrays.test_x, arrays.test_y)
-        train_loss, _ = sums(flat, arrays.train_eval_x, arrays.train_eval_y)
-        return {"test_accuracy": test_acc, "test_loss": test_loss, "train_loss": train_loss}
+        test = pooled_metrics(model, flat, arrays.test_x, arrays.test_y, batch_size)
+        train = pooled_metrics(model, flat, arrays.train_eval_x, arrays.train_eval_y, batch_size)
+        out = {"test_accuracy": test["accuracy"], "test_loss": test["loss"], "train_loss": train["loss"]}
+        if arrays.val_x is not None:
+            val = pooled_metrics(model, flat, arrays.val_x, arrays.val_y, batch_size)
+            out.update(val_accuracy=val["accuracy"], val_loss=val["loss"])
+        if arrays.client_test is not None:
+            per_client = per_client_metrics(model, flat, arrays.train.features, arrays.train.labels,
+                                            arrays.client_test, batch_size)
+            for name in sorted(per_client):  # accuracy, loss
+                out.update(client_summaries(name, per_client[name]))
+            out.update({f"client_{name}": v for name, v in sorted(per_client.items())})
+        return out
 
     return evaluate

@@ -30,7 +30,7 @@ from asyncfl_jax.engine.inputs import (LookaheadPlan, ScheduleArrays, StepArrays
                                        lookahead_plan, lookahead_windows, schedule_arrays, slice_steps,
                                        stack_schedules)
 from asyncfl_jax.engine.jobs import INIT_BATCH, INIT_ROUND_STREAM, SERVER_STREAM, Arrivals, Jobs, Trainer, make_trainer
-from asyncfl_jax.engine.loop import METRIC_NAMES, ChunkUpdate, HostLoop, Run, prepare_run
+from asyncfl_jax.engine.loop import ChunkUpdate, HostLoop, Run, metric_shapes, prepare_run
 from asyncfl_jax.engine.placement import (ShardClients, ShardJobs, ShardReplicas, SingleDevice, client_shardings,
                                           job_sharding, make_placement, per_client_leaves, replica_shardings)
 from asyncfl_jax.engine.simulate import simulate
@@ -41,12 +41,13 @@ from asyncfl_jax.engine.stores import Lookahead, TrainAtArrival, TrainAtDispatch
 __all__ = [
     "Arrivals", "CSVLogger", "Carry", "Checkpoints", "ChunkUpdate", "ClockChunk", "DivergenceWarnings", "HostLoop",
     "INIT_BATCH", "INIT_ROUND_STREAM", "InScanClock", "JSONLinesLogger", "Jobs", "Lookahead", "LookaheadPlan",
-    "METRIC_NAMES", "MemoryBudget", "PresampledClock", "ProgressBar", "Program", "Replica", "Run", "SERVER_STREAM",
+    "MemoryBudget", "PresampledClock", "ProgressBar", "Program", "Replica", "Run", "SERVER_STREAM",
     "ScheduleArrays", "ShardClients", "ShardJobs", "ShardReplicas", "SimulationOutput", "SingleDevice", "StepArrays",
     "StopWhenAllDiverged", "TRACE_NAMES", "TensorBoardLogger", "TrainAtArrival", "TrainAtDispatch", "Trainer",
     "build_program", "client_shardings", "default_hparams", "device_memory_bytes", "flush_buckets",
     "freeze_diverged", "job_arrivals", "job_sharding", "keep_if_diverged", "lookahead_plan", "lookahead_windows",
     "make_history", "make_placement", "make_program", "make_replicas", "make_simulation", "make_trainer",
-    "memory_budget", "per_client_leaves", "point_progress", "prepare_run", "progress_bar", "replica_keys", "replica_shardings",
+    "memory_budget", "metric_shapes", "per_client_leaves", "point_progress", "prepare_run", "progress_bar",
+    "replica_keys", "replica_shardings",
     "resolve_hparams", "schedule_arrays", "simulate", "slice_steps", "stack_hparams", "stack_schedules",
 ]

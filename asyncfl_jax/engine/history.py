@@ -29,7 +29,10 @@ def make_history(run: Any, state: checkpoint.LoopState) -> History:
         times=np.stack([_times_at(s, steps) for s in realized]),
         uploads=np.stack([_uploads_at(s, steps) + init_uploads for s in realized]),
         message_bits={"payload": int(payload), "index": int(index)},
-        metrics={k: np.stack(v, axis=1) for k, v in state.metrics.items()},
+        metrics={k: np.stack(state.metrics[k], axis=1) for k in run.metric_names},
+        client_metrics=({k: np.stack(state.metrics[k], axis=1) for k in run.client_metric_names}
+                        if run.client_metric_names else None),
+        client_ids=None if task.eval_client_ids is None else np.asarray(task.eval_client_ids, np.int64),
         seeds=[r.seed for r in run.replicas],
         hparams=[dict(r.hparams) for r in run.replicas],
         diverged_at=np.asarray(state.carry.diverged_at),

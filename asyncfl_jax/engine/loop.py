@@ -28,7 +28,19 @@ from asyncfl_jax.engine.step import Program
 from asyncfl_jax.engine.timelines import make_timeline
 from asyncfl_jax.task import Task, task_arrays
 
-METRIC_NAMES = ("test_accuracy", "test_loss", "train_loss")
+
+def metric_shapes(program: Program, data: Any, num_clients: int) -> dict[str, tuple[int, ...]]:
+    """The names and shapes of what ``program.evaluate`` returns for one replica (``jax.eval_shape``: nothing is
+    compiled): scalars ``()`` are the run's metrics (``History.metrics``), vectors ``(C,)`` the per-client ones
+    (``History.client_metrics``, C = the evaluated clients). Raises ``ValueError`` for any other shape."""
+    shapes = jax.eval_shape(program.evaluate, data.x0, data)
+    out = {}
+    for name, s in shapes.items():
+        if len(s.shape) > 1 or (len(s.shape) == 1 and not 1 <= s.shape[0] <= num_clients):
+            raise ValueError(f"the evaluator's metric {name!r} has shape {tuple(s.shape)}: a metric must be a scalar "
+                             f"or a per-client vector of at most {num_clients} entries")
+        out[name] = tuple(int(d) for d in s.shape)
+    return out
 
 
 def check_count(name: str, value: Any, low: int = 1, note: str = "") -> int:
@@ -53,6 +65,7 @@ class Run:
     placed: Placed
     carry_shape: Any
     eval_every: int
+    metrics: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # name -> shape (metric_shapes)
 
     @property
     def num_steps(self) -> int:
@@ -61,6 +74,16 @@ class Run:
     @property
     def num_chunks(self) -> int:
         return -(-self.num_steps // self.eval_every)
+
+    @property
+    def metric_names(self) -> list[str]:
+        """The scalar metrics each evaluation records (``History.metrics``), in the evaluator's order."""
+        return [k for k, shape in self.metrics.items() if shape == ()]
+
+    @property
+    def client_metric_names(self) -> list[str]:
+        """The per-client vectors each evaluation records (``History.client_metrics``)."""
+        return [k for k, shape in self.metrics.items() if shape != ()]
 
     def budget(self) -> MemoryBudget:
         """The memory the run's state and data need (per device when placed over several)."""
@@ -96,8 +119,9 @@ def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCo
     init = jax.vmap(program.init, in_axes=(timeline.input_axes, 0, 0, None))
     carry_shape = jax.eval_shape(init, timeline.inputs, hp, keys, data)
     placed = placement.place(carry_shape, hp, keys, data, timeline.inputs, timeline.input_axes, program)
+    metrics = metric_shapes(program, data, task.num_clients)
     return Run(label or algorithm.name, task, algorithm, local, replicas, timeline, program, placement, placed,
-               carry_shape, eval_every)
+               carry_shape, eval_every, metrics)
 
 
 @dataclasses.dataclass
@@ -109,7 +133,10 @@ class ChunkUpdate:
       step: server steps done; ``num_steps``: the run's total.
       steps_done: server steps in this chunk.
       seconds: wall time of the chunk's compiled program (its evaluation and compilation excluded).
-      metrics: name -> float array [R], this evaluation of every replica (NaN for a diverged one).
+      metrics: name -> float array [R], this evaluation of every replica (NaN for a diverged one); the names are
+        whatever the task's evaluator returns (``Run.metric_names``).
+      client_metrics: name -> float array [R, C], the per-client metrics of the evaluated clients
+        (``Task.eval_client_ids``); empty without a per-client test split.
       replicas: the replicas (seed and hyper-parameters of each).
       diverged_at: int [R], the step at which each replica diverged (-1: finite).
       newly_diverged: replicas whose divergence was found in this chunk.
@@ -126,6 +153,7 @@ class ChunkUpdate:
     diverged_at: np.ndarray
     newly_diverged: list[int]
     loop: "HostLoop"
+    client_metrics: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     def history(self) -> Any:
         """The :class:`~asyncfl_jax.results.History` of the evaluations so far."""
@@ -184,7 +212,8 @@ class HostLoop:
         first = self.eval_fn(carry.server, placed.data)
         jax.block_until_ready(first)
         return checkpoint.LoopState(
-            next_chunk=0, eval_steps=[0], metrics={k: [np.asarray(first[k])] for k in METRIC_NAMES}, reported=set(),
+            next_chunk=0, eval_steps=[0], metrics={k: [np.asarray(first[k])] for k in self.run_spec.metrics},
+            reported=set(),
             stopped_early=False, compile_seconds=time.perf_counter() - t0, run_seconds=0.0, carry=carry)
 
     def restored(self, state: checkpoint.LoopState) -> checkpoint.LoopState:
@@ -265,8 +294,9 @@ class HostLoop:
             state, carry=carry, next_chunk=state.next_chunk + 1, eval_steps=[*state.eval_steps, stop],
             metrics={k: [*v, metrics[k]] for k, v in state.metrics.items()}, reported=state.reported | set(newly),
             traces={k: [*state.traces.get(k, []), np.asarray(v)] for k, v in records.items()})
-        return ChunkUpdate(run.label, stop, run.num_steps, stop - start, seconds, {k: metrics[k] for k in METRIC_NAMES},
-                           run.replicas, diverged, newly, self)
+        return ChunkUpdate(run.label, stop, run.num_steps, stop - start, seconds,
+                           {k: metrics[k] for k in run.metric_names}, run.replicas, diverged, newly, self,
+                           {k: metrics[k] for k in run.client_metric_names})
 
 
 @dataclasses.dataclass

@@ -237,7 +237,7 @@ class SimulationOutput(NamedTuple):
     """Result of :func:`make_simulation`'s function: final model, evaluations and divergence step."""
 
     params: jax.Array  # final global model, flat [d]
-    metrics: dict[str, jax.Array]  # each [num_evals]: after steps 0, E, 2E, ..., T
+    metrics: dict[str, jax.Array]  # each [num_evals] ([num_evals, C] per-client): after steps 0, E, 2E, ..., T
     diverged_at: jax.Array  # int32, -1 if the run stayed finite
     carry: Carry
 
