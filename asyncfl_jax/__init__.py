@@ -17,9 +17,9 @@ arrays, hyper-parameters, key, task arrays) that can be ``jax.jit``-ed and ``jax
 :class:`Algorithm` of pure ``init`` / ``client`` / ``server`` functions.
 """
 
-from asyncfl_jax import algorithms, data, timing
+from asyncfl_jax import algorithms, data, losses, timing
 from asyncfl_jax.algorithms import (Algorithm, ServerMeta, asgd, asyncfeded, ca2fl, fedasync, fedavg, fedbuff,
-                                    get_algorithm)
+                                    get_algorithm, with_server_optimizer)
 from asyncfl_jax.client import LocalConfig, make_local_update
 from asyncfl_jax.engine import (
     ScheduleArrays,
@@ -29,7 +29,8 @@ from asyncfl_jax.engine import (
     schedule_arrays,
     simulate,
 )
-from asyncfl_jax.models import Model, make_model, model_from_apply
+from asyncfl_jax.losses import Batch, Loss, custom_loss
+from asyncfl_jax.models import Model, make_model, model_from_apply, model_from_flax
 from asyncfl_jax.results import History, plot_accuracy, write_results
 from asyncfl_jax.task import Task, TaskArrays, make_task, task_arrays
 from asyncfl_jax.timing import DelayModel, Schedule, make_schedule, schedule_summary
@@ -39,10 +40,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Algorithm",
+    "Batch",
     "DelayModel",
     "EventClock",
     "History",
     "LocalConfig",
+    "Loss",
     "Model",
     "Schedule",
     "ScheduleArrays",
@@ -54,23 +57,27 @@ __all__ = [
     "asgd",
     "asyncfeded",
     "ca2fl",
+    "custom_loss",
     "data",
     "default_hparams",
     "fedasync",
     "fedavg",
     "fedbuff",
     "get_algorithm",
+    "losses",
     "make_local_update",
     "make_model",
     "make_schedule",
     "make_simulation",
     "make_task",
     "model_from_apply",
+    "model_from_flax",
     "plot_accuracy",
     "schedule_arrays",
     "schedule_summary",
     "simulate",
     "task_arrays",
     "timing",
+    "with_server_optimizer",
     "write_results",
 ]

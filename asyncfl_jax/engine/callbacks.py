@@ -49,9 +49,10 @@ class ProgressBar:
     def on_chunk(self, loop: Any, update: Any) -> None:
         del loop
         self.bar.update(update.steps_done)
-        accuracy = update.metrics["test_accuracy"]
-        if np.isfinite(accuracy).any():
-            self.bar.set_postfix(acc=f"{float(np.mean(accuracy[np.isfinite(accuracy)])):.3f}")
+        name, short = ("test_accuracy", "acc") if "test_accuracy" in update.metrics else ("test_loss", "loss")
+        values = update.metrics[name]  # a regression task reports no accuracy
+        if np.isfinite(values).any():
+            self.bar.set_postfix({short: f"{float(np.mean(values[np.isfinite(values)])):.3f}"})
 
     def on_end(self, loop: Any, completed: bool) -> None:
         del loop, completed

@@ -19,7 +19,7 @@ import numpy as np
 
 from asyncfl_jax import checkpoint
 from asyncfl_jax.algorithms.base import Algorithm
-from asyncfl_jax.client import LocalConfig
+from asyncfl_jax.client import LocalConfig, check_optimizer_hparams
 from asyncfl_jax.engine.budget import MemoryBudget, memory_budget
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, stack_hparams
@@ -29,6 +29,8 @@ from asyncfl_jax.engine.timelines import make_timeline
 from asyncfl_jax.task import Task, task_arrays
 
 METRIC_NAMES = ("test_accuracy", "test_loss", "train_loss")
+"""The metrics of a classification task; the loop records whatever names the task's evaluator returns (a
+regression task has no ``test_accuracy``)."""
 
 
 def check_count(name: str, value: Any, low: int = 1, note: str = "") -> int:
@@ -86,6 +88,8 @@ def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCo
     else:
         replicas = list(replicas)
         seeds = list(dict.fromkeys(r.seed for r in replicas))
+    local.validate()
+    check_optimizer_hparams(local, replicas)
     if local.use_momentum is False and any(r.hparams["momentum"] != 0 for r in replicas):
         local = dataclasses.replace(local, use_momentum=True)
     eval_every = check_count("eval_every", eval_every)
@@ -184,7 +188,7 @@ class HostLoop:
         first = self.eval_fn(carry.server, placed.data)
         jax.block_until_ready(first)
         return checkpoint.LoopState(
-            next_chunk=0, eval_steps=[0], metrics={k: [np.asarray(first[k])] for k in METRIC_NAMES}, reported=set(),
+            next_chunk=0, eval_steps=[0], metrics={k: [np.asarray(v)] for k, v in first.items()}, reported=set(),
             stopped_early=False, compile_seconds=time.perf_counter() - t0, run_seconds=0.0, carry=carry)
 
     def restored(self, state: checkpoint.LoopState) -> checkpoint.LoopState:
@@ -265,8 +269,8 @@ class HostLoop:
             state, carry=carry, next_chunk=state.next_chunk + 1, eval_steps=[*state.eval_steps, stop],
             metrics={k: [*v, metrics[k]] for k, v in state.metrics.items()}, reported=state.reported | set(newly),
             traces={k: [*state.traces.get(k, []), np.asarray(v)] for k, v in records.items()})
-        return ChunkUpdate(run.label, stop, run.num_steps, stop - start, seconds, {k: metrics[k] for k in METRIC_NAMES},
-                           run.replicas, diverged, newly, self)
+        return ChunkUpdate(run.label, stop, run.num_steps, stop - start, seconds, metrics, run.replicas, diverged,
+                           newly, self)
 
 
 @dataclasses.dataclass
