@@ -318,3 +318,39 @@ def test_server_optimizer_refusals():
         get_algorithm("fedbuff", server_optimizer="adagrad")
     with pytest.raises(ValueError, match="already has a server optimizer"):
         with_server_optimizer(with_server_optimizer(fedbuff(), "adam"), "yogi")
+
+
+def test_configuration_reaches_the_server_optimizer_and_validates_it():
+    from asyncfl_jax.config import ConfigError, ExperimentConfig, validate
+
+    def cfg(algorithm="fedbuff", options=None, hparams=None):
+        run = {"algorithm": algorithm, "options": options or {}, "hparams": hparams or {}, "steps": 5}
+        return ExperimentConfig.from_dict({"data": {"num_clients": 30}, "runs": [run]})
+
+    validate(cfg(options={"server_optimizer": "adam"}, hparams={"server_opt_lr": [0.01, 0.1]}))
+    validate(cfg("ca2fl", {"server_optimizer": "momentum"}, {"server_opt_momentum": 0.5}))
+    for config, match in [
+        (cfg(options={"server_optimizer": "adagrad"}), "server_optimizer must be one of"),
+        (cfg(options={"server_optimizer": "adam"}, hparams={"server_opt_beta1": 1.0}), "server_opt_beta1"),
+        (cfg(hparams={"server_opt_lr": 0.1}), "not used by fedbuff"),
+        (cfg("fedasync", {"server_optimizer": "yogi"}), "cannot be used with fedasync"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            validate(config)
+
+
+def test_custom_optimizers_checkpoint_and_resume(tmp_path):
+    """The run identity names a custom optimizer without a memory address, so a finished run resumes as itself."""
+    schedule = make_schedule("concurrent", NUM_CLIENTS, 4, DELAYS, seed=3, concurrency=3, buffer_size=2)
+
+    def adam_factory(hp):
+        return optax.adam(hp["client_lr"])
+
+    local = LocalConfig(steps=2, batch_size=None, optimizer=adam_factory)
+    assert "0x" not in str(local.identity()) and "adam_factory" in local.identity()["optimizer"]
+    algorithm = with_server_optimizer(fedbuff(), "yogi")
+    kwargs = dict(local=local, hparams={"client_lr": 0.02}, eval_every=2, progress=False,
+                  checkpoint_dir=str(tmp_path / "ckpt"))
+    first = simulate(TASK, algorithm, schedule, **kwargs)
+    again = simulate(TASK, algorithm, schedule, resume=True, **kwargs)
+    np.testing.assert_array_equal(first.final_params, again.final_params)
