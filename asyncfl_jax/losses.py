@@ -129,8 +129,8 @@ def custom_loss(fn: Callable[[Any, Batch], jax.Array],
     """A user loss ``fn(params, batch) -> scalar`` (``params``: the model's parameter pytree).
 
     ``fn`` must be the weighted mean of per-example losses with ``batch.weight`` (see the module docstring), and
-    apply the model itself (e.g. ``module.apply({"params": params}, batch.x)``; ``batch.key`` is the dropout key in
-    training and ``None`` in evaluation). ``metrics(params, batch) -> {name: weighted mean}`` (optional) is reported
+    apply the model itself (e.g. ``model.apply_fn(params, batch.x)``, or ``model.forward(params, batch.x,
+    batch.key)`` for the training mode: ``batch.key`` is the dropout key in training and ``None`` in evaluation). ``metrics(params, batch) -> {name: weighted mean}`` (optional) is reported
     on the test data as ``test_<name>``; ``targets`` ("int", "float" or "any") is checked against the data.
     """
     if not callable(fn):

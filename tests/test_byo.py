@@ -232,7 +232,7 @@ def test_dropout_uses_a_fresh_key_per_step_and_evaluation_is_deterministic():
         keys.append(np.asarray(jax.random.key_data(dk) if jnp.issubdtype(dk.dtype, jax.dtypes.prng_key) else dk))
 
         def loss(flat):
-            logits = module.apply({"params": model.unravel(flat)}, xb, train=True, rngs={"dropout": dk})
+            logits = module.apply(model.unravel(flat), xb, train=True, rngs={"dropout": dk})
             return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, yb))
 
         y = y - 0.5 * jax.grad(loss)(y)
@@ -244,7 +244,7 @@ def test_dropout_uses_a_fresh_key_per_step_and_evaluation_is_deterministic():
     evaluate = jax.jit(make_evaluator(model, loss=task.loss))
     first, second = evaluate(x0, task_arrays(task)), evaluate(x0, task_arrays(task))
     assert float(first["test_loss"]) == float(second["test_loss"])
-    logits = module.apply({"params": model.init_params}, task.test_x)  # train=False: no dropout
+    logits = module.apply(model.init_params, task.test_x)  # train=False: no dropout
     np.testing.assert_allclose(float(first["test_accuracy"]),
                                np.mean(np.argmax(np.asarray(logits), 1) == np.asarray(task.test_y)), rtol=1e-6)
 
@@ -354,3 +354,14 @@ def test_custom_optimizers_checkpoint_and_resume(tmp_path):
     first = simulate(TASK, algorithm, schedule, **kwargs)
     again = simulate(TASK, algorithm, schedule, resume=True, **kwargs)
     np.testing.assert_array_equal(first.final_params, again.final_params)
+
+
+def test_size_only_partitioners_take_regression_targets_and_label_partitioners_refuse_them():
+    from asyncfl_jax.data.partition import dirichlet, iid, power_law
+
+    targets = np.linspace(0.0, 1.0, 40, dtype=np.float32).reshape(20, 2)
+    parts = iid(targets, 4, rng=0)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(20))
+    assert sum(len(p) for p in power_law(targets[:, 0], 2, rng=0, min_size=3)) == 20
+    with pytest.raises(ValueError, match="labels must be"):
+        dirichlet(targets[:, 0], 2, alpha=0.5, rng=0)

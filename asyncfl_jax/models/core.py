@@ -118,7 +118,8 @@ def _mode_kwargs(train_arg: str | None, train: bool) -> dict[str, bool]:
 def model_from_flax(module: nn.Module, example_input: jax.Array, seed: int = 0, name: str | None = None,
                     train_arg: str | None = "auto") -> Model:
     """Wraps a Flax ``linen`` module as a :class:`Model`, initialised with ``PRNGKey(seed)`` on ``example_input``
-    (a batch, e.g. ``jnp.zeros((1, *input_shape))``).
+    (a batch, e.g. ``jnp.zeros((1, *input_shape))``). The model's parameter pytree is Flax's variables dict
+    ``{"params": ...}`` (so ``module.apply(params, x)`` works on it, as ``model.apply_fn(params, x)`` does).
 
     Only the ``params`` collection is trained: a module whose ``init`` returns any other collection (BatchNorm's
     ``batch_stats``, ``cache``, ``intermediates``...) is refused, since those are not parameters and averaging or
@@ -146,14 +147,14 @@ def model_from_flax(module: nn.Module, example_input: jax.Array, seed: int = 0, 
         raise ValueError(f"model_from_flax: {type(module).__name__} has no parameters")
 
     def apply_fn(params: Any, x: jax.Array) -> jax.Array:
-        return module.apply({"params": params}, x, **eval_kw)
+        return module.apply(params, x, **eval_kw)
 
     train_apply = None
     if mode is not None:
         def train_apply(params: Any, x: jax.Array, key: jax.Array) -> jax.Array:
-            return module.apply({"params": params}, x, rngs={"dropout": key}, **train_kw)
+            return module.apply(params, x, rngs={"dropout": key}, **train_kw)
 
-    return Model(apply_fn=apply_fn, init_params=variables["params"], name=name or type(module).__name__,
+    return Model(apply_fn=apply_fn, init_params={"params": variables["params"]}, name=name or type(module).__name__,
                  train_apply=train_apply)
 
 
