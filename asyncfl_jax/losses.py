@@ -130,7 +130,8 @@ def custom_loss(fn: Callable[[Any, Batch], jax.Array],
 
     ``fn`` must be the weighted mean of per-example losses with ``batch.weight`` (see the module docstring), and
     apply the model itself (e.g. ``model.apply_fn(params, batch.x)``, or ``model.forward(params, batch.x,
-    batch.key)`` for the training mode: ``batch.key`` is the dropout key in training and ``None`` in evaluation). ``metrics(params, batch) -> {name: weighted mean}`` (optional) is reported
+    batch.key)`` for the training mode: ``batch.key`` is the dropout key in training and ``None`` in evaluation).
+    ``metrics(params, batch) -> {name: weighted mean}`` (optional) is reported
     on the test data as ``test_<name>``; ``targets`` ("int", "float" or "any") is checked against the data.
     """
     if not callable(fn):
@@ -141,8 +142,11 @@ def custom_loss(fn: Callable[[Any, Batch], jax.Array],
         raise ValueError(f"custom_loss: targets must be one of {list(TARGETS)}, got {targets!r}")
     value = lambda model, params, batch: fn(params, batch)  # noqa: E731
     def extra(model: Any, params: Any, batch: Batch) -> dict[str, jax.Array]:  # weighted means -> weighted sums
+        values = dict(metrics(params, batch))
+        if "loss" in values:
+            raise ValueError(f"custom_loss {name!r}: a metric may not be named 'loss' (it would replace test_loss)")
         total = jnp.sum(batch.weight)
-        return {k: v * total for k, v in dict(metrics(params, batch)).items()}
+        return {k: v * total for k, v in values.items()}
 
     return Loss(name, value, None if metrics is None else extra, targets)
 

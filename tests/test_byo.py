@@ -126,7 +126,7 @@ def test_regression_fedbuff_matches_a_plain_loop(k):
     outs = 1 if k is None else k
     schedule = make_schedule("concurrent", 3, 8, DELAYS, seed=4, concurrency=2, buffer_size=1, refill="immediate")
     history = simulate(task, fedbuff(), schedule, local=LocalConfig(steps=3, batch_size=None),
-                       hparams={"client_lr": 0.1, "server_lr": 0.9}, eval_every=4, progress=False)
+                       hparams={"client_lr": 0.1, "server_lr": 0.9}, eval_every=4, progress=k is None)
     x0 = np.asarray(model.flat_params, np.float64)
     xs = [x[p].astype(np.float64) for x, p in ((data.train_x, q) for q in parts)]
     ys = [data.train_y[p].astype(np.float64) for p in parts]
