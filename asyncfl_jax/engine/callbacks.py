@@ -52,7 +52,7 @@ class ProgressBar:
         name, short = ("test_accuracy", "acc") if "test_accuracy" in update.metrics else ("test_loss", "loss")
         values = update.metrics[name]  # a regression task reports no accuracy
         if np.isfinite(values).any():
-            self.bar.set_postfix({short: f"{float(np.mean(values[np.isfinite(values)])):.3f}"})
+            self.bar.set_postfix(**{short: f"{float(np.mean(values[np.isfinite(values)])):.3f}"})
 
     def on_end(self, loop: Any, completed: bool) -> None:
         del loop, completed
