@@ -365,3 +365,26 @@ def test_size_only_partitioners_take_regression_targets_and_label_partitioners_r
     assert sum(len(p) for p in power_law(targets[:, 0], 2, rng=0, min_size=3)) == 20
     with pytest.raises(ValueError, match="labels must be"):
         dirichlet(targets[:, 0], 2, alpha=0.5, rng=0)
+
+
+@pytest.mark.parametrize("name", ["ace", "ca2fl", "asyncfeded"])
+def test_identity_server_optimizer_leaves_any_algorithm_unchanged(name):
+    """FedAvgM with beta = 0 and eta = 1 applies Delta_t itself: the wrapped algorithm's state, its initialization
+    round (ACE's absorb) and its job policy (AsyncFedED's adaptive K, read from the wrapped state) carry through."""
+    from asyncfl_jax.algorithms import asyncfeded
+    from asyncfl_jax.timing.clock import EventClock
+
+    if name == "asyncfeded":
+        plain = asyncfeded(initial_steps=2, max_steps=4)
+        schedule = EventClock(NUM_CLIENTS, 8, DELAYS, seed=1)
+    else:
+        plain = get_algorithm(name)
+        schedule = make_schedule("all_active", NUM_CLIENTS, 8, DELAYS, seed=1)
+    wrapped = with_server_optimizer(plain, "momentum")
+    run = lambda algorithm, extra: simulate(TASK, algorithm, schedule, local=LocalConfig(steps=2, batch_size=None),
+                                            hparams={"client_lr": 0.3, **extra}, eval_every=4,
+                                            progress=False).final_params[0]
+    expected = run(plain, {})
+    np.testing.assert_allclose(run(wrapped, {"server_opt_lr": 1.0, "server_opt_momentum": 0.0}), expected,
+                               rtol=1e-5, atol=1e-6)
+    assert np.abs(expected - X0).max() > 1e-2
