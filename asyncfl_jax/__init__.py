@@ -25,9 +25,9 @@ import logging as _logging
 
 _logging.getLogger("asyncfl_jax").addHandler(_logging.NullHandler())
 
-from asyncfl_jax import algorithms, data, timing
+from asyncfl_jax import algorithms, data, losses, timing
 from asyncfl_jax.algorithms import (Algorithm, ServerMeta, asgd, asyncfeded, ca2fl, fedasync, fedavg, fedbuff,
-                                    get_algorithm)
+                                    get_algorithm, with_server_optimizer)
 from asyncfl_jax.client import LocalConfig, make_local_update
 from asyncfl_jax.engine import (
     ScheduleArrays,
@@ -37,7 +37,8 @@ from asyncfl_jax.engine import (
     schedule_arrays,
     simulate,
 )
-from asyncfl_jax.models import Model, make_model, model_from_apply
+from asyncfl_jax.losses import Batch, Loss, custom_loss
+from asyncfl_jax.models import Model, make_model, model_from_apply, model_from_flax
 from asyncfl_jax.results import History, load_results, plot_accuracy, write_results
 from asyncfl_jax.task import Task, TaskArrays, make_task, task_arrays
 from asyncfl_jax.timing import DelayModel, Schedule, make_schedule, schedule_summary
@@ -47,10 +48,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Algorithm",
+    "Batch",
     "DelayModel",
     "EventClock",
     "History",
     "LocalConfig",
+    "Loss",
     "Model",
     "Schedule",
     "ScheduleArrays",
@@ -62,6 +65,7 @@ __all__ = [
     "asgd",
     "asyncfeded",
     "ca2fl",
+    "custom_loss",
     "data",
     "default_hparams",
     "fedasync",
@@ -69,17 +73,20 @@ __all__ = [
     "fedbuff",
     "get_algorithm",
     "load_results",
+    "losses",
     "make_local_update",
     "make_model",
     "make_schedule",
     "make_simulation",
     "make_task",
     "model_from_apply",
+    "model_from_flax",
     "plot_accuracy",
     "schedule_arrays",
     "schedule_summary",
     "simulate",
     "task_arrays",
     "timing",
+    "with_server_optimizer",
     "write_results",
 ]

@@ -145,7 +145,7 @@ def run_identity(
         "algorithm": algorithm.name,
         "algorithm_options": dict(algorithm.options),
         "init_round": algorithm.init_round is not None,
-        "local": dataclasses.asdict(local),
+        "local": local.identity(),
         "replicas": [{"seed": r.seed, "hparams": r.hparams} for r in replicas],
         "schedules": {"sha256": hash_arrays(schedules), "num_slots": int(num_slots)},
         "num_steps": int(num_steps),

@@ -250,7 +250,7 @@ def config_from_argv(argv: Sequence[str]) -> ExperimentConfig:
 
 
 def _print_algorithms() -> None:
-    from asyncfl_jax.algorithms import REGISTRY
+    from asyncfl_jax.algorithms import REGISTRY, SERVER_OPT_HPARAMS
     from asyncfl_jax.engine import default_hparams
 
     for name, make in sorted(REGISTRY.items()):
@@ -260,6 +260,8 @@ def _print_algorithms() -> None:
         if alg.options:
             print(f"    options (defaults): {dict(alg.options)}")
         print(f"    hyper-parameters (defaults): {default_hparams(alg)}")
+    print("every algorithm but fedasync, as_fedavg and area also takes --option server_optimizer=adam|yogi|momentum "
+          f"(FedOpt; hyper-parameters {SERVER_OPT_HPARAMS})")
 
 
 # Options that define the experiment: with --resume the configuration comes from DIR/config.json instead.

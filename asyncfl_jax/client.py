@@ -18,23 +18,44 @@ maximum is unrolled and the surplus steps are masked out.
 
 All hyper-parameters that may differ between replicas (``client_lr``, ``momentum``, ``weight_decay``, ``prox_mu``)
 are read from a dict of arrays at call time, so a sweep over them is a ``vmap``.
+
+Your own optimizer (``LocalConfig(optimizer=...)``): any optax ``GradientTransformation``, or a factory
+``hp -> GradientTransformation`` called inside the vmapped job with the replica's hyper-parameter arrays (so a swept
+``client_lr`` read by the factory stays one vmapped program). A step is then
+
+    g_k = grad F_i(y_k; batch_k) + mu * (y_k - x),   (u_k, s_{k+1}) = opt.update(g_k, s_k, y_k),   y_{k+1} = y_k + u_k
+
+(optax's convention: the transformation's output is added, so it carries the learning rate and its sign). The
+FedProx term ``prox_mu`` is still added to the gradient. ``momentum`` and ``weight_decay`` belong to the default
+SGD chain only: with a custom optimizer they must keep their default 0 (put them in your chain, e.g.
+``optax.add_decayed_weights``), and with a fixed transformation ``client_lr`` must keep its default too (the
+transformation has its own learning rate); a non-default or swept value is refused rather than ignored.
+``upload="gradient"`` algorithms send one minibatch gradient and use no optimizer.
+
+Loss: the task's :class:`~asyncfl_jax.losses.Loss` on a :class:`~asyncfl_jax.losses.Batch` ``(x, y, weight, key)``.
+Dropout: for a model with a training mode (``Model.train_apply``) step ``k`` of a job with key ``key`` uses the
+dropout key ``fold_in(fold_in(key, DROPOUT_STREAM), k)``: independent between steps, clients, replicas (job keys
+differ) and of the minibatch shuffle (which uses ``key`` itself); models without a training mode draw no key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from asyncfl_jax.data.client_data import ClientData
-from asyncfl_jax.models.core import Model, cross_entropy_loss
+from asyncfl_jax.losses import CLASSIFICATION, Batch, Loss
+from asyncfl_jax.models.core import Model
 
 HParams = Mapping[str, jax.Array]
 LocalFn = Callable[..., jax.Array]
+OptimizerFactory = Callable[[HParams], optax.GradientTransformation]
+DROPOUT_STREAM = 0x0D50  # fold_in index of a job's dropout keys (the job key itself draws the minibatch order)
 
 LOCAL_HPARAMS = {"client_lr": 0.05, "momentum": 0.0, "weight_decay": 0.0, "prox_mu": 0.0}
 """Local-training hyper-parameters (sweepable) and their defaults."""
@@ -49,12 +70,23 @@ class LocalConfig:
       batch_size: B, examples per step; ``None`` for full-batch steps.
       epochs: if set, client i runs ``ceil(epochs * ceil(n_i / B))`` steps, capped at ``steps``.
       use_momentum: keep a momentum buffer (needed when any replica has ``momentum > 0``).
+      optimizer: ``None`` for the default SGD chain (:func:`client_optimizer`), an optax ``GradientTransformation``,
+        or a factory ``hp -> GradientTransformation`` (see the module docstring for how the hyper-parameters
+        interact with it).
     """
 
     steps: int = 10
     batch_size: int | None = 32
     epochs: float | None = None
     use_momentum: bool = False
+    optimizer: optax.GradientTransformation | OptimizerFactory | None = None
+
+    def identity(self) -> dict[str, Any]:
+        """The settings as JSON values (what a checkpoint must match); a custom optimizer by its name."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "optimizer"}
+        if self.optimizer is not None:
+            out["optimizer"] = optimizer_name(self.optimizer)
+        return out
 
     def validate(self) -> None:
         if not isinstance(self.steps, int) or self.steps < 1:
@@ -66,6 +98,51 @@ class LocalConfig:
                 raise ValueError("local.epochs needs local.batch_size (steps per epoch = ceil(n_i / batch_size))")
             if not self.epochs > 0:
                 raise ValueError(f"local.epochs must be > 0, got {self.epochs!r}")
+        if self.optimizer is not None:
+            if not (isinstance(self.optimizer, optax.GradientTransformation) or callable(self.optimizer)):
+                raise ValueError("local.optimizer must be None (SGD), an optax GradientTransformation or a function "
+                                 f"hparams -> GradientTransformation, got {self.optimizer!r}")
+            if self.use_momentum:
+                raise ValueError("local.use_momentum belongs to the default SGD optimizer; with a custom "
+                                 "local.optimizer put momentum in its chain (e.g. optax.sgd(lr, momentum=0.9))")
+
+    def make_optimizer(self, hp: HParams) -> optax.GradientTransformation:
+        """The optimizer of one job with hyper-parameters ``hp`` (scalar arrays)."""
+        if self.optimizer is None:
+            return client_optimizer(hp, self.use_momentum)
+        if isinstance(self.optimizer, optax.GradientTransformation):
+            return self.optimizer
+        tx = self.optimizer(hp)
+        if not isinstance(tx, optax.GradientTransformation):
+            raise ValueError(f"local.optimizer: the factory must return an optax GradientTransformation, got {tx!r}")
+        return tx
+
+
+def optimizer_name(optimizer: Any) -> str:
+    """A short description of a custom optimizer (a factory's qualified name, or "optax transformation")."""
+    if isinstance(optimizer, optax.GradientTransformation):
+        return "optax transformation"
+    return f"factory {getattr(optimizer, '__module__', '?')}.{getattr(optimizer, '__qualname__', repr(optimizer))}"
+
+
+def check_optimizer_hparams(config: LocalConfig, replicas: Sequence[Any]) -> None:
+    """Refuses hyper-parameters a custom optimizer would silently ignore (``replicas``: objects with ``hparams``).
+
+    With ``local.optimizer`` set, ``momentum`` and ``weight_decay`` (parts of the default SGD chain) must be 0 in
+    every replica; with a fixed transformation (not a factory), ``client_lr`` must keep its default too.
+    """
+    if config.optimizer is None:
+        return
+    fixed = isinstance(config.optimizer, optax.GradientTransformation)
+    names = ("momentum", "weight_decay") + (("client_lr",) if fixed else ())
+    for name in names:
+        values = sorted({float(r.hparams[name]) for r in replicas})
+        if values != [float(LOCAL_HPARAMS[name])]:
+            why = ("the transformation has its own learning rate; pass a factory hp -> transformation to read "
+                   "client_lr" if name == "client_lr" else "it belongs to the default SGD chain; put it in your "
+                   "optimizer's chain instead")
+            raise ValueError(f"hyper-parameter {name} = {values if len(values) > 1 else values[0]} is not used by a "
+                             f"custom local.optimizer ({why}); leave it at {LOCAL_HPARAMS[name]}")
 
 
 def client_optimizer(hp: HParams, use_momentum: bool) -> optax.GradientTransformation:
@@ -77,8 +154,17 @@ def client_optimizer(hp: HParams, use_momentum: bool) -> optax.GradientTransform
     return optax.chain(*parts)
 
 
-def _batch_loss(model: Model, flat: jax.Array, x: jax.Array, y: jax.Array, w: jax.Array | None) -> jax.Array:
-    return cross_entropy_loss(model.flat_apply(flat, x), y, w)
+def _batch_loss(model: Model, loss: Loss, flat: jax.Array, x: jax.Array, y: jax.Array, w: jax.Array | None,
+                key: jax.Array | None = None) -> jax.Array:
+    """The task's loss of the flat parameters on one batch (``key``: the step's dropout key or ``None``)."""
+    if w is None:
+        w = jnp.ones(x.shape[:1], jnp.float32)
+    return loss.value(model, model.unravel(flat), Batch(x, y, w, key))
+
+
+def dropout_key(key: jax.Array, step: jax.Array) -> jax.Array:
+    """The dropout key of local step ``step`` of the job with key ``key``."""
+    return jax.random.fold_in(jax.random.fold_in(key, DROPOUT_STREAM), step)
 
 
 def _shuffled_order(key: jax.Array, count: jax.Array, size: int, needed: int) -> jax.Array:
@@ -94,7 +180,7 @@ def _shuffled_order(key: jax.Array, count: jax.Array, size: int, needed: int) ->
 
 
 def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
-                      max_steps: int | None = None) -> LocalFn:
+                      max_steps: int | None = None, loss: Loss | None = None) -> LocalFn:
     """Returns ``local(x, client, key, hp, data, steps=None) -> result`` (a flat vector of length d).
 
     ``data`` (every client's :class:`ClientData`) is an argument rather than a constant of the function, so the
@@ -108,7 +194,10 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
         max_steps``; AsyncFedED's adaptive K) and runs exactly that many steps (a loop with a traced bound) instead
         of ``config.steps``; minibatches are drawn as for a job of ``max_steps`` steps, so a job's first ``k`` steps
         do not depend on its length.
+      loss: the loss to minimize (default: softmax cross-entropy, :data:`asyncfl_jax.losses.CLASSIFICATION`).
     """
+    loss = CLASSIFICATION if loss is None else loss
+    uses_dropout = model.train_apply is not None
     config.validate()
     if output not in ("delta", "gradient"):
         raise ValueError(f"output must be 'delta' or 'gradient', got {output!r}")
@@ -136,16 +225,19 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
               steps: jax.Array | None = None) -> jax.Array:
         count = data.counts[client]
         order = _shuffled_order(key, count, data.max_size, examples_needed) if batch is not None else None
-        grad_fn = jax.grad(lambda flat, xb, yb, wb: _batch_loss(model, flat, xb, yb, wb))
+        grad_fn = jax.grad(lambda flat, xb, yb, wb, kb: _batch_loss(model, loss, flat, xb, yb, wb, kb))
+
+        def step_key(k):
+            return dropout_key(key, k) if uses_dropout else None
 
         if output == "gradient":
-            return grad_fn(x, *minibatch(data, client, order, count, jnp.int32(0)))
+            return grad_fn(x, *minibatch(data, client, order, count, jnp.int32(0)), step_key(jnp.int32(0)))
 
-        opt = client_optimizer(hp, config.use_momentum)
+        opt = config.make_optimizer(hp)
 
         def one_step(k, carry):
             y, opt_state = carry
-            g = grad_fn(y, *minibatch(data, client, order, count, k))
+            g = grad_fn(y, *minibatch(data, client, order, count, k), step_key(k))
             g = g + hp["prox_mu"] * (y - x)  # FedProx: grad of (mu/2)||y - x||^2
             updates, opt_state = opt.update(g, opt_state, y)
             return y + updates, opt_state
@@ -167,12 +259,13 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
     return local
 
 
-def local_flops_per_job(model: Model, data: ClientData, config: LocalConfig) -> float:
+def local_flops_per_job(model: Model, data: ClientData, config: LocalConfig, loss: Loss | None = None) -> float:
     """FLOPs of one local job (K forward+backward passes on B examples), from XLA's cost analysis."""
     b = config.batch_size or data.max_size
     x = jnp.zeros((b, *data.features.shape[1:]), jnp.float32)
-    y = jnp.zeros((b,), jnp.int32)
-    grad = jax.jit(jax.grad(lambda flat: _batch_loss(model, flat, x, y, None)))
+    y = jnp.zeros((b, *data.labels.shape[1:]), data.labels.dtype)
+    loss = CLASSIFICATION if loss is None else loss
+    grad = jax.jit(jax.grad(lambda flat: _batch_loss(model, loss, flat, x, y, None)))
     cost = grad.lower(model.flat_params).compile().cost_analysis()
     if isinstance(cost, (list, tuple)):
         cost = cost[0]

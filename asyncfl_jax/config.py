@@ -317,6 +317,11 @@ HPARAM_RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "feded_epsilon": (0.0, math.inf, False, False),
     "target_staleness": (0.0, math.inf, True, False),
     "kappa": (0.0, math.inf, True, False),
+    "server_opt_lr": (0.0, math.inf, False, False),
+    "server_opt_beta1": (0.0, 1.0, True, False),
+    "server_opt_beta2": (0.0, 1.0, True, False),
+    "server_opt_eps": (0.0, math.inf, False, False),
+    "server_opt_momentum": (0.0, 1.0, True, False),
 }
 
 

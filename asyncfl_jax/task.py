@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from asyncfl_jax.data.client_data import ClientData, Dataset
+from asyncfl_jax.data.client_data import ClientData, Dataset, label_dtype
+from asyncfl_jax.losses import CLASSIFICATION, REGRESSION, Batch, Loss, get_loss, squared_errors
 from asyncfl_jax.models.core import Model
 
 WORST_FRACTION = 0.1  # client_*_worst10: the mean over the worst ceil(10%) of the evaluated clients
@@ -63,13 +64,14 @@ class Task:
       train: every client's training data on the device (held-out examples excluded).
       test_x, test_y: the pooled test set.
       train_eval_x, train_eval_y: a fixed sample of the pooled training data on which the train loss is reported.
-      num_classes: number of classes.
+      num_classes: number of classes (regression: number of outputs).
       name: a short description, e.g. ``"synthetic(1,1)/mlp"``.
       val_x, val_y: the pooled validation set (None: no validation split).
       client_test: the evaluated clients' own test examples (None: no per-client split).
       eval_client_ids: int [C], the ids of the clients whose per-client metrics are reported, ascending (None: no
         per-client split).
       client_test_fraction, validation_fraction: the fractions the split was made with (0: off).
+      loss: what local training minimizes and evaluation reports (:mod:`asyncfl_jax.losses`).
     """
 
     model: Model
@@ -86,6 +88,7 @@ class Task:
     eval_client_ids: np.ndarray | None = None
     client_test_fraction: float = 0.0
     validation_fraction: float = 0.0
+    loss: Loss = CLASSIFICATION
 
     @property
     def num_clients(self) -> int:
@@ -238,6 +241,7 @@ def make_task(
     client_test_fraction: float = 0.0,
     validation_fraction: float = 0.0,
     eval_clients: int | None = None,
+    loss: Loss | str | None = None,
 ) -> Task:
     """Builds a task from a dataset, a partition of its training split and a model.
 
@@ -245,6 +249,9 @@ def make_task(
     the examples the clients train on; all of them when there are fewer.
 
     Args:
+      loss: ``None`` picks classification for integer labels and regression (MSE) for float targets;
+        ``"classification"``, ``"regression"`` or a :class:`~asyncfl_jax.losses.Loss` (e.g.
+        :func:`~asyncfl_jax.losses.custom_loss`), checked against the labels.
       client_test_fraction: in [0, 1); > 0 holds that fraction of each client's examples out as the client's own test
         examples (at least one; see :func:`split_clients_held_out` for the rule), on which the per-client metrics are
         reported. 0 (default): no per-client split, the clients keep every example.
@@ -254,6 +261,7 @@ def make_task(
         ``seed``); None: all clients. Needs ``client_test_fraction > 0``.
       seed: the data seed: the train-loss sample, the held-out split and the evaluated subset.
     """
+    loss = get_loss(loss, dataset.train_y)
     client_test_fraction = _check_fraction("client_test_fraction", client_test_fraction)
     validation_fraction = _check_fraction("validation_fraction", validation_fraction)
     if eval_clients is not None and client_test_fraction == 0:
@@ -272,7 +280,7 @@ def make_task(
                 raise ValueError(f"validation_fraction = {validation_fraction} holds out no example: every client "
                                  "is too small (each keeps at least one training example); raise it or use 0")
             extra.update(val_x=jnp.asarray(dataset.train_x[val], jnp.float32),
-                         val_y=jnp.asarray(dataset.train_y[val], jnp.int32))
+                         val_y=jnp.asarray(dataset.train_y[val], label_dtype(dataset.train_y)))
     train = ClientData.from_partition(dataset.train_x, dataset.train_y, parts)
     held = np.concatenate([np.asarray(p) for p in parts])
     rng = np.random.default_rng([seed, 0xE7A1])
@@ -281,14 +289,15 @@ def make_task(
         model=model,
         train=train,
         test_x=jnp.asarray(dataset.test_x, jnp.float32),
-        test_y=jnp.asarray(dataset.test_y, jnp.int32),
+        test_y=jnp.asarray(dataset.test_y, label_dtype(dataset.test_y)),
         train_eval_x=jnp.asarray(dataset.train_x[sample], jnp.float32),
-        train_eval_y=jnp.asarray(dataset.train_y[sample], jnp.int32),
+        train_eval_y=jnp.asarray(dataset.train_y[sample], label_dtype(dataset.train_y)),
         num_classes=dataset.num_classes,
         name=f"{dataset.name}/{model.name}",
         client_test_fraction=client_test_fraction,
         validation_fraction=validation_fraction,
         **extra,
+        loss=loss,
     )
 
 
@@ -331,12 +340,27 @@ def task_arrays(task: Task) -> TaskArrays:
 
 
 # ---------------------------------------------------------------------------------------------------- evaluation
-def example_metrics(model: Model, flat: jax.Array, x: jax.Array, y: jax.Array) -> dict[str, jax.Array]:
-    """Per-example metrics of the model ``flat`` on a batch: ``{"loss": softmax cross-entropy [b], "accuracy": 1.0
-    where the arg-max class is the label, else 0.0 [b]}`` (the one place a batch is scored)."""
-    logits = model.flat_apply(flat, x)
-    return {"loss": optax.softmax_cross_entropy_with_integer_labels(logits, y),
-            "accuracy": (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)}
+def example_metrics(model: Model, loss: Loss, flat: jax.Array, x: jax.Array, y: jax.Array) -> dict[str, jax.Array]:
+    """Per-example metrics [b] of the model ``flat`` on a batch (the one place a batch is scored): ``"loss"`` (the
+    task's per-example loss) and each of the loss's metrics (classification: ``"accuracy"``, 1.0 where the arg-max
+    class is the label, else 0.0).
+
+    The built-in losses are scored on the whole batch; a custom loss, which only gives batch means, is applied to
+    each example as a batch of one (vmapped), so any :class:`~asyncfl_jax.losses.Loss` has per-example values."""
+    params = model.unravel(flat)
+    if loss is CLASSIFICATION:
+        logits = model.forward(params, x, None)
+        return {"loss": optax.softmax_cross_entropy_with_integer_labels(logits, y),
+                "accuracy": (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)}
+    if loss is REGRESSION:
+        return {"loss": squared_errors(model.forward(params, x, None), y)}
+
+    def one(xi: jax.Array, yi: jax.Array) -> dict[str, jax.Array]:
+        batch = Batch(xi[None], yi[None], jnp.ones((1,), jnp.float32))
+        extra = {} if loss.metrics is None else dict(loss.metrics(model, params, batch))  # sums over one example
+        return {"loss": loss.value(model, params, batch), **extra}
+
+    return jax.vmap(one)(x, y)
 
 
 def _batches(n: int, batch_size: int) -> tuple[int, int]:
@@ -351,7 +375,8 @@ def _padded(a: jax.Array, nb: int, b: int) -> jax.Array:
     return jnp.concatenate([a, jnp.zeros((pad, *a.shape[1:]), a.dtype)]).reshape(nb, b, *a.shape[1:])
 
 
-def pooled_metrics(model: Model, flat: jax.Array, x: jax.Array, y: jax.Array, batch_size: int) -> dict[str, jax.Array]:
+def pooled_metrics(model: Model, loss: Loss, flat: jax.Array, x: jax.Array, y: jax.Array,
+                   batch_size: int) -> dict[str, jax.Array]:
     """The example-weighted mean of every per-example metric over ``(x, y)``: ``(1/n) sum_j v_j``, computed in fixed
     batches (the last one padded and masked) so memory stays bounded."""
     n = int(x.shape[0])
@@ -360,13 +385,13 @@ def pooled_metrics(model: Model, flat: jax.Array, x: jax.Array, y: jax.Array, ba
 
     def one(batch):
         xb, yb, wb = batch
-        return {k: jnp.sum(v * wb) for k, v in example_metrics(model, flat, xb, yb).items()}
+        return {k: jnp.sum(v * wb) for k, v in example_metrics(model, loss, flat, xb, yb).items()}
 
     totals = jax.lax.map(one, (_padded(x, nb, b), _padded(y, nb, b), w))
     return {k: jnp.sum(v) / n for k, v in totals.items()}
 
 
-def per_client_metrics(model: Model, flat: jax.Array, features: jax.Array, labels: jax.Array,
+def per_client_metrics(model: Model, loss: Loss, flat: jax.Array, features: jax.Array, labels: jax.Array,
                        clients: ClientTestSet, batch_size: int) -> dict[str, jax.Array]:
     """Every per-example metric averaged over each evaluated client's own test examples: ``[C]`` vectors
     ``v_i = (1/m_i) sum_{j in client i} v_j``.
@@ -379,7 +404,7 @@ def per_client_metrics(model: Model, flat: jax.Array, features: jax.Array, label
 
     def one(batch):
         ib, wb = batch
-        return {k: v * wb for k, v in example_metrics(model, flat, features[ib], labels[ib]).items()}
+        return {k: v * wb for k, v in example_metrics(model, loss, flat, features[ib], labels[ib]).items()}
 
     values = jax.lax.map(one, (_padded(clients.index, nb, b), w))
     position = _padded(clients.position, nb, b).reshape(-1)
@@ -407,30 +432,35 @@ def client_summaries(name: str, values: jax.Array) -> dict[str, jax.Array]:
             f"client_{name}_std": jnp.std(values), f"client_{name}_{extreme[0]}": extreme[1]}
 
 
-def make_evaluator(model: Model, batch_size: int = 2000):
+def make_evaluator(model: Model, batch_size: int = 2000, loss: Loss | None = None):
     """Returns ``evaluate(flat_params, arrays) -> metrics`` (pure, jittable); ``arrays`` is the task's
-    :class:`TaskArrays`.
+    :class:`TaskArrays`, ``loss`` the task's loss (default: classification).
 
-    The metrics are scalars, except the per-client vectors ``client_accuracy`` and ``client_loss`` ([C], in the order
-    of ``Task.eval_client_ids``):
+    The metrics are scalars, except the per-client vectors ``client_loss`` and ``client_<metric>`` ([C], in the
+    order of ``Task.eval_client_ids``). With ``m`` ranging over the loss's metrics (classification: ``accuracy``;
+    regression: none; a custom loss: its own):
 
-    * always ``test_accuracy``, ``test_loss`` (pooled test set) and ``train_loss`` (the train-loss sample);
-    * with a validation set, ``val_accuracy`` and ``val_loss`` (pooled over its examples);
+    * always ``test_<m>``, ``test_loss`` (pooled test set) and ``train_loss`` (the train-loss sample);
+    * with a validation set, ``val_<m>`` and ``val_loss`` (pooled over its examples);
     * with per-client test examples, the vectors and their summaries (:func:`client_summaries`).
 
     Pooled metrics are example-weighted means, per-client summaries weigh every client once. The data are scored in
     fixed batches of ``batch_size`` (the last one padded and masked) so memory stays bounded.
     """
+    loss = CLASSIFICATION if loss is None else loss
+
+    def named(prefix: str, values: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """``{prefix_<metric>..., prefix_loss}``: the loss's metrics first, then the loss."""
+        return {**{f"{prefix}_{k}": v for k, v in values.items() if k != "loss"}, f"{prefix}_loss": values["loss"]}
 
     def evaluate(flat: jax.Array, arrays: TaskArrays) -> dict[str, jax.Array]:
-        test = pooled_metrics(model, flat, arrays.test_x, arrays.test_y, batch_size)
-        train = pooled_metrics(model, flat, arrays.train_eval_x, arrays.train_eval_y, batch_size)
-        out = {"test_accuracy": test["accuracy"], "test_loss": test["loss"], "train_loss": train["loss"]}
+        test = pooled_metrics(model, loss, flat, arrays.test_x, arrays.test_y, batch_size)
+        train = pooled_metrics(model, loss, flat, arrays.train_eval_x, arrays.train_eval_y, batch_size)
+        out = {**named("test", test), "train_loss": train["loss"]}
         if arrays.val_x is not None:
-            val = pooled_metrics(model, flat, arrays.val_x, arrays.val_y, batch_size)
-            out.update(val_accuracy=val["accuracy"], val_loss=val["loss"])
+            out.update(named("val", pooled_metrics(model, loss, flat, arrays.val_x, arrays.val_y, batch_size)))
         if arrays.client_test is not None:
-            per_client = per_client_metrics(model, flat, arrays.train.features, arrays.train.labels,
+            per_client = per_client_metrics(model, loss, flat, arrays.train.features, arrays.train.labels,
                                             arrays.client_test, batch_size)
             for name in sorted(per_client):  # accuracy, loss
                 out.update(client_summaries(name, per_client[name]))

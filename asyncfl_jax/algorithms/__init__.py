@@ -15,6 +15,8 @@ from asyncfl_jax.algorithms.compression import (COMPRESSORS, Compressor, asynfl,
                                                 with_compression_options)
 from asyncfl_jax.algorithms.fedasync import fedasync
 from asyncfl_jax.algorithms.memory import ace, aced, mifa
+from asyncfl_jax.algorithms.server_opt import (SERVER_OPT_HPARAMS, SERVER_OPTIMIZERS, server_optimizer,
+                                               with_server_optimizer)
 from asyncfl_jax.algorithms.wrappers import skip_empty_steps
 
 REGISTRY: dict[str, Callable[..., Algorithm]] = {
@@ -41,16 +43,26 @@ REGISTRY.update({"asynflc": asynflc, "asynflc_ef": asynflc_ef, "asyncfeded": asy
 
 
 def get_algorithm(name: str, **options: Any) -> Algorithm:
-    """Builds an algorithm by name with its static options (e.g. ``get_algorithm("fedasync", staleness="hinge")``)."""
+    """Builds an algorithm by name with its static options (e.g. ``get_algorithm("fedasync", staleness="hinge")``).
+
+    Every algorithm also takes the option ``server_optimizer`` (one of :data:`SERVER_OPTIMIZERS`): its server update
+    then goes through FedAdam, FedYogi or FedAvgM (:func:`with_server_optimizer`)."""
     if name not in REGISTRY:
         raise ValueError(f"algorithm must be one of {sorted(REGISTRY)}, got {name!r}")
+    server_opt = options.pop("server_optimizer", None)
     try:
-        return REGISTRY[name](**options)
+        algorithm = REGISTRY[name](**options)
     except TypeError as e:
         raise ValueError(f"algorithm {name!r} got invalid options {sorted(options)}: {e}") from None
+    if server_opt is None:
+        return algorithm
+    if server_opt not in SERVER_OPTIMIZERS:
+        raise ValueError(f"option server_optimizer must be one of {list(SERVER_OPTIMIZERS)}, got {server_opt!r}")
+    return with_server_optimizer(algorithm, server_opt)
 
 
 __all__ = ["Algorithm", "COMPRESSORS", "Compressor", "REGISTRY", "ServerMeta", "ServerState", "ace", "aced", "area",
            "as_fedavg", "asyncfeded", "asgd", "asynfl", "asynflc", "asynflc_ef", "ca2fl", "compressed", "delay_adaptive_asgd",
            "error_feedback", "fedasync", "fedavg", "fedbuff", "get_algorithm", "make_compressor", "message_bits",
-           "mf_ca2fl", "mifa", "skip_empty_steps", "staleness"]
+           "mf_ca2fl", "mifa", "SERVER_OPTIMIZERS", "SERVER_OPT_HPARAMS", "server_optimizer", "skip_empty_steps",
+           "staleness", "with_server_optimizer"]

@@ -18,15 +18,15 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dataset:
-    """A classification dataset as host arrays.
+    """A dataset as host arrays: classification (int labels) or regression (float targets).
 
     Attributes:
       name: short name, e.g. ``"fashion_mnist"``.
       train_x: float32 [N, ...] training features.
-      train_y: int32 [N] training labels in ``[0, num_classes)``.
+      train_y: int32 [N] training labels in ``[0, num_classes)``, or float32 [N] / [N, k] regression targets.
       test_x: float32 [N_test, ...] test features.
-      test_y: int32 [N_test] test labels.
-      num_classes: number of classes.
+      test_y: int32 [N_test] test labels (float32 targets for regression).
+      num_classes: number of classes (for regression: the number of outputs ``k``, 1 for [N] targets).
       natural_partition: for datasets with built-in clients (LEAF Synthetic), the index arrays of each client into the
         training split; ``None`` otherwise.
     """
@@ -54,7 +54,7 @@ class ClientData:
 
     Attributes:
       features: [N, ...] float32, the pooled training features.
-      labels: [N] int32, the pooled training labels.
+      labels: [N] int32, the pooled training labels, or float32 [N] / [N, k] regression targets.
       indices: [n, P] int32, each client's example indices, padded to the largest client size P.
       counts: [n] int32, each client's number of examples (>= 1).
     """
@@ -86,7 +86,7 @@ class ClientData:
             indices[i, : len(p)] = p
         return cls(
             features=jnp.asarray(features, dtype=jnp.float32),
-            labels=jnp.asarray(labels, dtype=jnp.int32),
+            labels=jnp.asarray(labels, dtype=label_dtype(labels)),
             indices=jnp.asarray(indices),
             counts=jnp.asarray(counts),
         )
@@ -100,3 +100,13 @@ class ClientData:
         """Padded per-client arrays ``(x [n, P, ...], y [n, P], mask [n, P])`` (copies every example)."""
         mask = jnp.arange(self.max_size)[None, :] < self.counts[:, None]
         return self.features[self.indices], self.labels[self.indices], mask
+
+
+def label_dtype(labels: np.ndarray | jax.Array) -> jnp.dtype:
+    """int32 for integer class labels, float32 for float (regression) targets; anything else is refused."""
+    kind = np.dtype(labels.dtype)
+    if np.issubdtype(kind, np.integer) or np.issubdtype(kind, np.bool_):
+        return jnp.int32
+    if np.issubdtype(kind, np.floating):
+        return jnp.float32
+    raise ValueError(f"labels must be integers (classification) or floats (regression targets), got dtype {kind}")

@@ -27,8 +27,12 @@ def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
     return rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
 
 
-def _check_labels(labels: np.ndarray) -> np.ndarray:
+def _check_labels(labels: np.ndarray, targets_ok: bool = False) -> np.ndarray:
+    """Class labels as int64; with ``targets_ok`` (partitioners that only use the number of examples), float
+    regression targets ``[N]`` or ``[N, k]`` are accepted too and returned as they are."""
     labels = np.asarray(labels)
+    if targets_ok and labels.size and np.issubdtype(labels.dtype, np.floating) and labels.ndim in (1, 2):
+        return labels
     if labels.ndim != 1:
         raise ValueError(f"labels must be a 1-D array, got shape {labels.shape}")
     if labels.size and not np.issubdtype(labels.dtype, np.integer):
@@ -65,9 +69,9 @@ def _finish(parts: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator | int | None = None) -> list[np.ndarray]:
     """Uniform random split: a random permutation cut into ``num_clients`` parts whose sizes differ by at most 1."""
-    labels = _check_labels(labels)
-    num_clients = _check_num_clients(num_clients, labels.size)
-    perm = _rng(rng).permutation(labels.size)
+    labels = _check_labels(labels, targets_ok=True)
+    num_clients = _check_num_clients(num_clients, len(labels))
+    perm = _rng(rng).permutation(len(labels))
     return _finish(np.array_split(perm, num_clients))
 
 
@@ -191,8 +195,8 @@ def power_law(
     Raises:
       ValueError: ``exponent <= 0``, ``min_size < 0``, or ``min_size * num_clients > N``.
     """
-    labels = _check_labels(labels)
-    n_total = labels.size
+    labels = _check_labels(labels, targets_ok=True)
+    n_total = len(labels)
     num_clients = _check_num_clients(num_clients, n_total)
     exponent = _check_positive("exponent", exponent)
     min_size = _check_int("min_size", min_size, 0)

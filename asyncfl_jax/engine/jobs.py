@@ -159,11 +159,12 @@ def make_trainer(task: Task, algorithm: Algorithm, local: LocalConfig,
     if algorithm.upload not in UPLOADS:
         raise ValueError(f"{algorithm.name}: upload must be one of {list(UPLOADS)}, got {algorithm.upload!r}")
     if policy.steps is None:
-        local_fn = make_local_update(task.model, local, output=algorithm.local_output)
+        local_fn = make_local_update(task.model, local, output=algorithm.local_output, loss=task.loss)
     elif policy.max_steps is None:
         raise ValueError(f"{algorithm.name}: its JobPolicy sets steps but not max_steps")
     else:
-        local_fn = make_local_update(task.model, local, output=algorithm.local_output, max_steps=policy.max_steps)
+        local_fn = make_local_update(task.model, local, output=algorithm.local_output, max_steps=policy.max_steps,
+                                     loss=task.loss)
     return Trainer(algorithm, local, local_fn, constrain or (lambda a: a))
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from asyncfl_jax import checkpoint
 from asyncfl_jax.algorithms.base import Algorithm
-from asyncfl_jax.client import LocalConfig
+from asyncfl_jax.client import LocalConfig, check_optimizer_hparams
 from asyncfl_jax.engine.budget import MemoryBudget, memory_budget
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, stack_hparams
@@ -109,6 +109,8 @@ def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCo
     else:
         replicas = list(replicas)
         seeds = list(dict.fromkeys(r.seed for r in replicas))
+    local.validate()
+    check_optimizer_hparams(local, replicas)
     if local.use_momentum is False and any(r.hparams["momentum"] != 0 for r in replicas):
         local = dataclasses.replace(local, use_momentum=True)
     eval_every = check_count("eval_every", eval_every)

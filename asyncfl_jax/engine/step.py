@@ -217,7 +217,8 @@ def make_program(task: Task, algorithm: Algorithm, local: LocalConfig, clock: An
               "lookahead": lambda: Lookahead(trainer, num_slots, lookahead),
               "arrival": lambda: TrainAtArrival(trainer, num_slots)}
     return Program(algorithm=algorithm, trainer=trainer, clock=clock, store=stores[store_kind](),
-                   num_clients=task.num_clients, evaluate=make_evaluator(task.model), init_batch=init_batch)
+                   num_clients=task.num_clients, evaluate=make_evaluator(task.model, loss=task.loss),
+                   init_batch=init_batch)
 
 
 def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slots: int, job_sharding: Any = None,
