@@ -6,6 +6,8 @@ here (float64 numpy) to float tolerance on the same schedule.
 
 from __future__ import annotations
 
+import json
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -388,3 +390,34 @@ def test_identity_server_optimizer_leaves_any_algorithm_unchanged(name):
     np.testing.assert_allclose(run(wrapped, {"server_opt_lr": 1.0, "server_opt_momentum": 0.0}), expected,
                                rtol=1e-5, atol=1e-6)
     assert np.abs(expected - X0).max() > 1e-2
+
+
+def test_a_regression_run_with_every_evaluation_split_writes_and_reads_its_results(tmp_path):
+    """Losses only (no accuracy anywhere), per-client and validation splits scored with the task's loss, and the
+    results files, plot, printed lines and loader all keyed on the headline loss."""
+    from asyncfl_jax.cli import result_lines
+    from asyncfl_jax.results import load_results, write_results
+
+    data, parts, model = _regression_problem(2)
+    task = make_task(data, parts, model, client_test_fraction=0.3, validation_fraction=0.3)
+    schedule = make_schedule("concurrent", 3, 8, DELAYS, seed=4, concurrency=2, buffer_size=1, refill="immediate")
+    history = simulate(task, fedbuff(), schedule, local=LocalConfig(steps=2, batch_size=None), seeds=[0, 1],
+                       hparams={"client_lr": 0.1, "server_lr": [0.5, 0.9]}, eval_every=4, progress=False)
+    assert not any("accuracy" in name for name in history.metrics)
+    assert {"test_loss", "train_loss", "val_loss", "client_loss_mean", "client_loss_worst10"} <= set(history.metrics)
+    # per-client MSE of the final model on each client's own held-out examples, against numpy
+    final = np.asarray(history.final_params[0], np.float64)
+    w, b = final[: FEATURES * 2].reshape(FEATURES, 2), final[FEATURES * 2:]
+    features, labels = np.asarray(task.train.features, np.float64), np.asarray(task.train.labels, np.float64)
+    index, position = np.asarray(task.client_test.index), np.asarray(task.client_test.position)
+    errors = np.mean((features[index] @ w + b - labels[index]) ** 2, axis=1)
+    per_client = np.array([errors[position == c].mean() for c in range(task.client_test.num_clients)])
+    np.testing.assert_allclose(history.metrics["client_loss_mean"][0, -1], per_client.mean(), rtol=1e-4)
+    np.testing.assert_allclose(history.metrics["client_loss_max"][0, -1], per_client.max(), rtol=1e-4)
+    write_results(str(tmp_path), {"config": "test"}, [history])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["runs"][0]["metric"] == "test_loss" and len(summary["runs"][0]["points"]) == 2
+    assert "accuracy" not in (tmp_path / "metrics.csv").read_text().splitlines()[0]
+    assert any("test loss" in line for line in result_lines(history))
+    (loaded,) = load_results(str(tmp_path))
+    np.testing.assert_array_equal(loaded.metrics["test_loss"], history.metrics["test_loss"])
