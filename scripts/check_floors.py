@@ -40,7 +40,7 @@ print("python check: final test accuracy", history.final("test_accuracy"))
 """
 
 CLI_ARGS = ["run", "--set", "data.num_clients=10", "--set", "data.synthetic_max_samples=60",
-            "--set", "runs.arrivals=60", "--set", "runs.protocol.concurrency=5", "--set", "local.steps=2",
+            "--set", "runs.arrivals=60", "--set", "runs.protocol.concurrency=10", "--set", "local.steps=2",
             "--set", "eval_points=3", "--no-progress"]
 
 

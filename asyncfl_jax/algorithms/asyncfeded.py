@@ -42,7 +42,7 @@ from asyncfl_jax.algorithms.base import Algorithm, HParams, JobPolicy, ServerMet
 
 ROUNDINGS = ("floor", "trunc")
 TINY_NORM = 1e-12
-HPARAMS = {"feded_lambda": 5.0, "feded_epsilon": 5.0, "target_staleness": 3.0, "kappa": 1.0}
+HPARAMS = {"feded_lambda": 0.5, "feded_epsilon": 5.0, "target_staleness": 3.0, "kappa": 1.0}  # default chosen on the default task: docs/defaults.md
 
 
 class StaleDelta(NamedTuple):

@@ -126,7 +126,8 @@ def asgd(upload: str = "delta") -> Algorithm:
         total = masked_weighted_sum(messages, meta.mask.astype(messages.dtype))
         return ServerState(x=state.x + direction * hp["server_lr"] * total)
 
-    algorithm = model_only_algorithm("asgd", server, hyperparams={"server_lr": 1.0}, options={"upload": upload})
+    algorithm = model_only_algorithm("asgd", server, hyperparams={"server_lr": 0.3},  # docs/defaults.md
+                                     options={"upload": upload})
     return algorithm._replace(upload=upload)
 
 
@@ -149,7 +150,7 @@ def delay_adaptive_asgd(upload: str = "gradient") -> Algorithm:
         total = masked_weighted_sum(messages, jnp.where(meta.mask, rate, 0.0))
         return ServerState(x=state.x + direction * total)
 
-    algorithm = model_only_algorithm("delay_adaptive_asgd", server, hyperparams={"server_lr": 0.1, "tau_c": 10.0},
+    algorithm = model_only_algorithm("delay_adaptive_asgd", server, hyperparams={"server_lr": 0.02, "tau_c": 10.0},
                                      options={"upload": upload})
     return algorithm._replace(upload=upload)
 

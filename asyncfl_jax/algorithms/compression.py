@@ -514,7 +514,7 @@ def asynfl(normalization: str = "clients") -> Algorithm:
         server=server,
         params=model_of,
         init_clients=no_client_state,
-        hyperparams={"server_lr": 1.0},
+        hyperparams={"server_lr": 10.0},  # with eta_g / n and M = 10 of n = 100: FedBuff's mean step (docs/defaults.md)
         options={"normalization": normalization},
     )
 

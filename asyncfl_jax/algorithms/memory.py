@@ -146,7 +146,8 @@ def ace(rule: str = "incremental", cache: str = "float32", cache_rounding: str =
       cache_code: the code of the int caches: "minmax" (per-row min-max, default) or "absmax" (symmetric per-row
         absmax, levels ``-(2^(b-1)-1)..2^(b-1)-1``: the ACE digest's item 19 reading of ACE-8bit).
     """
-    return _memory_algorithm("ace", -1.0, rule, cache, cache_rounding, init_round, "gradient", 0.1, cache_code)
+    return _memory_algorithm("ace", -1.0, rule, cache, cache_rounding, init_round, "gradient", 0.002,  # docs/defaults.md
+                             cache_code)
 
 
 def mifa(rule: str = "incremental", cache: str = "float32", cache_rounding: str = "stochastic",
@@ -222,7 +223,7 @@ def aced(active: str = "since_report", cache: str = "float32", cache_rounding: s
         params=model_of,
         init_clients=no_client_state,
         upload="gradient",
-        hyperparams={"server_lr": 0.1, "tau_algo": 10.0},
+        hyperparams={"server_lr": 0.01, "tau_algo": 10.0},  # default chosen on the default task: docs/defaults.md
         options={"active": active, "cache": cache, "cache_rounding": cache_rounding, "init_round": init_round,
                  "cache_code": cache_code},
         init_round=InitRound(absorb=absorb) if init_round else None,

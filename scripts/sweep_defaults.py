@@ -1,0 +1,13 @@
+#!/usr/bin/env python
+"""The small sweep that chose every algorithm's default hyper-parameters on the default task (``docs/defaults.md``).
+
+The sweep (grids, runner, choice rule, table) is in :mod:`asyncfl_jax.reproduce.defaults`; ``--help`` lists the
+options. It writes ``table.md`` and ``results.json`` to ``--out``.
+"""
+
+import sys
+
+from asyncfl_jax.reproduce.defaults import main
+
+if __name__ == "__main__":
+    sys.exit(main())
