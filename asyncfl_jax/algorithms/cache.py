@@ -67,23 +67,28 @@ class QuantizedRows(NamedTuple):
     scale: jax.Array
 
 
-def quantize(values: jax.Array, bits: int, rounding: str = "stochastic", key: jax.Array | None = None) -> QuantizedRows:
-    """Quantizes each row of ``values`` [k, d] to ``bits`` in {8, 4, 2} bits (see the module docstring)."""
+def _rounding_offsets(shape: tuple[int, ...], bits: int, rounding: str, key: jax.Array | None) -> jax.Array:
+    """``r`` of ``floor(v / scale + r)``: 0.5 for nearest rounding, ``U[0, 1)`` per entry for stochastic (unbiased)
+    rounding; checks ``bits`` and ``rounding`` first."""
     if bits not in (8, 4, 2):
         raise ValueError(f"bits must be 8, 4 or 2, got {bits!r}")
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding must be one of {list(ROUNDINGS)}, got {rounding!r}")
+    if rounding == "nearest":
+        return jnp.float32(0.5)
+    if key is None:
+        raise ValueError("stochastic rounding needs a PRNG key")
+    return jax.random.uniform(key, shape, jnp.float32)
+
+
+def quantize(values: jax.Array, bits: int, rounding: str = "stochastic", key: jax.Array | None = None) -> QuantizedRows:
+    """Quantizes each row of ``values`` [k, d] to ``bits`` in {8, 4, 2} bits (see the module docstring)."""
+    r = _rounding_offsets(values.shape, bits, rounding, key)
     values = values.astype(jnp.float32)
     levels = 2**bits - 1
     lo = jnp.min(values, axis=1)
     scale = (jnp.max(values, axis=1) - lo) / levels
     safe = jnp.where(scale > 0, scale, 1.0)
-    if rounding == "nearest":
-        r = jnp.float32(0.5)
-    else:
-        if key is None:
-            raise ValueError("stochastic rounding needs a PRNG key")
-        r = jax.random.uniform(key, values.shape, jnp.float32)
     codes = jnp.clip(jnp.floor((values - lo[:, None]) / safe[:, None] + r), 0, levels).astype(jnp.uint8)
     return QuantizedRows(codes=_pack(codes, bits), lo=lo, scale=scale)
 
@@ -109,20 +114,11 @@ class AbsmaxRows(NamedTuple):
 def quantize_absmax(values: jax.Array, bits: int, rounding: str = "stochastic",
                     key: jax.Array | None = None) -> AbsmaxRows:
     """Quantizes each row of ``values`` [k, d] to the symmetric ``bits``-bit code (see the module docstring)."""
-    if bits not in (8, 4, 2):
-        raise ValueError(f"bits must be 8, 4 or 2, got {bits!r}")
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"rounding must be one of {list(ROUNDINGS)}, got {rounding!r}")
+    r = _rounding_offsets(values.shape, bits, rounding, key)
     values = values.astype(jnp.float32)
     levels = 2 ** (bits - 1) - 1
     scale = jnp.max(jnp.abs(values), axis=1) / levels  # max|v| / L
     safe = jnp.where(scale > 0, scale, 1.0)
-    if rounding == "nearest":
-        r = jnp.float32(0.5)
-    else:
-        if key is None:
-            raise ValueError("stochastic rounding needs a PRNG key")
-        r = jax.random.uniform(key, values.shape, jnp.float32)
     q = jnp.clip(jnp.floor(values / safe[:, None] + r), -levels, levels)  # in {-L, ..., L}
     return AbsmaxRows(codes=_pack((q + levels).astype(jnp.uint8), bits), scale=scale)
 
