@@ -60,7 +60,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-checkpoint", action="store_true", help="save no checkpoints")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="set any option, e.g. data.num_clients=50, local.lr=0.1, runs.arrivals=2000 (all runs)")
-    run.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
+    run.add_argument("--print-config", action="store_true",
+                     help="print the configuration with every default written out (delay fields, algorithm options "
+                          "and hyper-parameters) as JSON, a template for --config, and exit")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-plot", action="store_true", help="do not write accuracy.png")
     run.add_argument("--tensorboard", metavar="DIR",
