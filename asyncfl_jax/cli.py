@@ -71,14 +71,16 @@ def _build_parser() -> argparse.ArgumentParser:
 
     g = run.add_argument_group("data and model")
     g.add_argument("--dataset", help="synthetic | fashion_mnist | mnist (IDX files) | tfds/mnist | tfds/fashion_mnist | "
-                   "tfds/emnist | tfds/cifar10 | tfds/cifar100 (prepared with TensorFlow Datasets)")
-    g.add_argument("--data-dir", help="folder holding the dataset's IDX .gz files (tfds/...: the TFDS data folder)")
+                   "tfds/emnist | tfds/cifar10 | tfds/cifar100 (prepared with TensorFlow Datasets) | leaf/femnist | "
+                   "leaf/shakespeare (LEAF JSON or Flower parquet files; natural clients)")
+    g.add_argument("--data-dir", help="folder holding the dataset's IDX .gz files (tfds/...: the TFDS data folder; "
+                   "leaf/...: LEAF's data/ folder with train/ and test/, or a folder of parquet files)")
     g.add_argument("--num-clients", type=int, help="number of clients n")
-    g.add_argument("--partition", help="natural (synthetic only) | iid | dirichlet | shards | power_law | "
+    g.add_argument("--partition", help="natural (synthetic and leaf/... only) | iid | dirichlet | shards | power_law | "
                    "dirichlet_sampled (any n: data.examples_per_client examples per client, drawn with replacement)")
     g.add_argument("--dirichlet-alpha", type=float, help="concentration of the Dirichlet label partition")
     g.add_argument("--model", help="logreg | mlp | cnn | ca2fl_cnn | resnet18_gn | alexnet_cifar | femnist_cnn | "
-                   "area_logreg (see docs/simulator.md, Models)")
+                   "area_logreg | shakespeare_lstm (leaf/shakespeare; see docs/simulator.md, Models)")
     g.add_argument("--client-test-fraction", type=float, metavar="F",
                    help="hold out this fraction of each client's examples as its own test examples and report "
                    "per-client accuracy (mean, worst 10%%, std, min); default 0: off")
@@ -161,7 +163,8 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     put("data.path", args.data_dir)
     put("data.num_clients", args.num_clients)
     put("data.partition", args.partition)
-    if args.dataset and args.dataset != "synthetic" and args.partition is None and raw["data"]["partition"] == "natural":
+    if (args.dataset and args.dataset != "synthetic" and not args.dataset.startswith("leaf/") and args.partition is None
+            and raw["data"]["partition"] == "natural"):
         put("data.partition", "iid")
     put("data.dirichlet_alpha", args.dirichlet_alpha)
     put("data.client_test_fraction", args.client_test_fraction)
@@ -355,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         for name, p in PRESETS.items():
             state = "" if why_not(p) is None else " [not runnable here: no loader for its dataset]"
+            if p["data"]["name"].startswith("leaf/"):
+                state += " [needs its dataset files: --set data.path=<folder>, see docs/simulator.md]"
             print(f"{name}: {p['algorithm']} {p['options']} {p['hparams']} protocol={p['protocol']['name']} "
                   f"local={p['local']} data={p['data']['name']} ({p['data']['num_clients']} clients) "
                   f"model={p['model']['name']}{state}")

@@ -18,10 +18,12 @@ from asyncfl_jax.algorithms import REGISTRY, get_algorithm
 from asyncfl_jax.timing.delays import DelayModel
 
 TFDS_DATASETS = ("tfds/mnist", "tfds/fashion_mnist", "tfds/emnist", "tfds/cifar10", "tfds/cifar100")
-DATASETS = ("synthetic", "fashion_mnist", "mnist", *TFDS_DATASETS)
+LEAF_DATASETS = ("leaf/femnist", "leaf/shakespeare")  # natural clients: writers / speaking roles
+DATASETS = ("synthetic", "fashion_mnist", "mnist", *TFDS_DATASETS, *LEAF_DATASETS)
 PARTITIONS = ("natural", "iid", "dirichlet", "shards", "power_law", "dirichlet_sampled")
 IMAGE_MODELS = ("cnn", "ca2fl_cnn", "resnet18_gn", "alexnet_cifar", "femnist_cnn")
-MODELS = ("logreg", "mlp", *IMAGE_MODELS, "area_logreg")  # shakespeare_lstm: no configured dataset has text
+TEXT_MODELS = ("shakespeare_lstm",)  # character ids in, next character out: leaf/shakespeare only
+MODELS = ("logreg", "mlp", *IMAGE_MODELS, "area_logreg", *TEXT_MODELS)
 PROTOCOLS = ("all_active", "concurrent", "synchronous", "event_clock")
 REFILLS = ("immediate", "boundary")
 AGGREGATIONS = ("count", "periodic", "poisson")
@@ -37,7 +39,10 @@ def _fail(option: str, value: Any, allowed: str) -> None:
 
 @dataclasses.dataclass
 class DataConfig:
-    """Dataset and partition. ``partition="natural"`` keeps LEAF Synthetic's own clients. ``name`` "fashion_mnist" /
+    """Dataset and partition. ``partition="natural"`` keeps the dataset's own clients (LEAF Synthetic's generators;
+    the writers of "leaf/femnist" and speaking roles of "leaf/shakespeare", of which ``num_clients`` are drawn with
+    ``seed``, read from LEAF JSON or Flower parquet files in ``path``; see :mod:`asyncfl_jax.data.leaf`). ``name``
+    "fashion_mnist" /
     "mnist" read IDX files from ``path``; "tfds/<name>" (mnist, fashion_mnist, emnist = EMNIST ByClass, cifar10,
     cifar100) reads a dataset prepared with TensorFlow Datasets (array_record) from the TFDS data folder ``path``
     (default ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
@@ -398,9 +403,13 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     _check_choice("data.name", d.name, DATASETS)
     _check_int("data.num_clients", d.num_clients, 1)
     _check_choice("data.partition", d.partition, PARTITIONS)
-    if d.partition == "natural" and d.name != "synthetic":
-        _fail("data.partition", d.partition, f"'natural' needs data.name = 'synthetic' (dataset {d.name!r} has no "
-              "built-in clients); use iid, dirichlet, shards, power_law or dirichlet_sampled")
+    if d.partition == "natural" and d.name not in ("synthetic", *LEAF_DATASETS):
+        _fail("data.partition", d.partition, f"'natural' needs data.name = 'synthetic', 'leaf/femnist' or "
+              f"'leaf/shakespeare' (dataset {d.name!r} has no built-in clients); use iid, dirichlet, shards, "
+              "power_law or dirichlet_sampled")
+    if d.name in LEAF_DATASETS and d.partition != "natural":
+        _fail("data.partition", d.partition, f"{d.name!r} keeps its natural clients (writers or speaking roles): "
+              "use 'natural' (data.num_clients of them are drawn with data.seed)")
     _check_positive("data.dirichlet_alpha", d.dirichlet_alpha)
     _check_int("data.min_size", d.min_size, 1)
     _check_int("data.shards_per_client", d.shards_per_client, 1)
@@ -432,6 +441,8 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
             find_idx_dir(d.name, d.path)
         except DatasetNotFoundError as e:
             raise ConfigError(f"invalid option data.name = {d.name!r}: the dataset files are missing.\n{e}") from None
+    if d.name in LEAF_DATASETS and check_files:
+        _check_leaf_files(d.name, d.path)
     if d.name in TFDS_DATASETS and check_files:
         from asyncfl_jax.data.idx import DatasetNotFoundError
         from asyncfl_jax.data.tfds_data import find_tfds_dir
@@ -445,9 +456,15 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     _check_choice("model.name", m.name, MODELS)
     if not isinstance(m.hidden, list) or not all(isinstance(h, int) and h >= 1 for h in m.hidden):
         _fail("model.hidden", m.hidden, "must be a list of integers >= 1")
-    if m.name in IMAGE_MODELS and d.name == "synthetic":
-        _fail("model.name", m.name, f"{m.name!r} needs image data (e.g. fashion_mnist); use logreg or mlp for "
-              "synthetic")
+    if m.name in IMAGE_MODELS and d.name in ("synthetic", "leaf/shakespeare"):
+        _fail("model.name", m.name, f"{m.name!r} needs image data (e.g. fashion_mnist, leaf/femnist); use "
+              f"{'logreg or mlp' if d.name == 'synthetic' else 'shakespeare_lstm'} for {d.name}")
+    if m.name in TEXT_MODELS and d.name != "leaf/shakespeare":
+        _fail("model.name", m.name, f"{m.name!r} reads character ids: it needs data.name = 'leaf/shakespeare' "
+              f"(got {d.name!r})")
+    if d.name == "leaf/shakespeare" and m.name not in TEXT_MODELS:
+        _fail("model.name", m.name, f"leaf/shakespeare holds character ids (next-character prediction): use "
+              f"{' or '.join(TEXT_MODELS)}")
 
     loc = cfg.local
     _check_int("local.steps", loc.steps, 1)
@@ -493,6 +510,21 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
         _fail("runs", labels, "run labels must be unique (set runs[i].label)")
     for i, run in enumerate(cfg.runs):
         _validate_run(f"runs[{i}]", run, cfg)
+
+
+def _check_leaf_files(name: str, path: str | None) -> None:
+    """A ConfigError when the LEAF dataset's files are missing, or are parquet files and pyarrow is not installed."""
+    from asyncfl_jax.data.idx import DatasetNotFoundError
+    from asyncfl_jax.data.leaf import find_leaf_files, require_pyarrow
+
+    try:
+        files = find_leaf_files(name, path)
+        if files.format == "parquet":
+            require_pyarrow()
+    except DatasetNotFoundError as e:
+        raise ConfigError(f"invalid option data.name = {name!r}: the dataset files are missing.\n{e}") from None
+    except ImportError as e:
+        raise ConfigError(f"invalid option data.path = {path!r}: {e}") from None
 
 
 def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:

@@ -65,6 +65,13 @@ def load_dataset(cfg: ExperimentConfig) -> Dataset:
             seed=d.seed,
             max_samples=d.synthetic_max_samples,
         )
+    if d.name.startswith("leaf/"):
+        from asyncfl_jax.data.leaf import LeafFormatError, load_leaf
+
+        try:
+            return load_leaf(d.name, d.path, num_clients=d.num_clients, seed=d.seed)
+        except (LeafFormatError, ValueError, ImportError) as e:  # too many clients, malformed files: known on reading
+            raise ConfigError(f"invalid data (data.name = {d.name!r}, data.path = {d.path!r}): {e}") from None
     if d.name.startswith("tfds/"):
         from asyncfl_jax.data.tfds_data import load_tfds
 
@@ -77,7 +84,8 @@ def load_dataset(cfg: ExperimentConfig) -> Dataset:
 def partition_dataset(cfg: ExperimentConfig, dataset: Dataset) -> list[np.ndarray]:
     d = cfg.data
     if d.partition == "natural":
-        assert dataset.natural_partition is not None
+        if dataset.natural_partition is None:
+            raise ConfigError(f"invalid option data.partition = 'natural': dataset {d.name!r} has no natural clients")
         return list(dataset.natural_partition)
     options = {
         "iid": {},

@@ -23,11 +23,10 @@ fedavg        (synchronous rounds of all clients)         -            -        
 ============  ==========================================  ===========  ===========  ===========
 
 Each preset carries its task: Synthetic(1, 1) with its 10 natural clients and the MLP 60-200-200-10 (digest 001,
-sections 5.1, 5.2 and 6.1); FEMNIST (10 writers, ``femnist_cnn``) and Shakespeare (10 speaking roles,
-``shakespeare_lstm``) are named by their presets but this version has no loader for the writer- and role-partitioned
-LEAF data, so ``asyncfl run --preset asyncfeded/femnist/...`` and ``.../shakespeare/...`` stop with exit code 2 and
-say so (:func:`unavailable`) rather than run another task under the paper's name. :func:`get_preset` still returns
-their hyper-parameters for use from Python.
+sections 5.1, 5.2 and 6.1); FEMNIST (10 writers drawn with ``data.seed``, ``femnist_cnn``) and Shakespeare (10
+speaking roles, ``shakespeare_lstm``) read LEAF's files or Flower's parquet files (:mod:`asyncfl_jax.data.leaf`),
+which nothing downloads: ``asyncfl run --preset asyncfeded/femnist/... --set data.path=<folder>`` runs when the files
+are there, and without them stops with exit code 2 saying how to get them (the check of ``config.validate``).
 
 Not reproduced: the paper decays the local learning rate by 0.995 (per local round, digest recommendation); here it
 is constant. AsyncFedED's K is capped at 50 (the paper has no cap; digest 001, section 2.6).
@@ -90,7 +89,10 @@ PRESETS: dict[str, dict[str, Any]] = _asyncfeded_presets()
 
 
 def unavailable(preset: dict[str, Any]) -> str | None:
-    """Why the preset's task cannot run in this version (its dataset has no loader here), or None when it can."""
+    """Why the preset's task cannot run in this version (its dataset has no loader here), or None when it can.
+
+    Every preset's dataset has a loader now; whether its files are present is checked by ``config.validate`` once
+    ``data.path`` is known (a missing LEAF dataset is a ConfigError saying how to get the files)."""
     from asyncfl_jax.config import DATASETS
 
     name = preset["data"]["name"]

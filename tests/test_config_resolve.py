@@ -90,14 +90,24 @@ def test_synthetic_presets_carry_their_task():
 
 
 @pytest.mark.parametrize("name", [n for n in PRESETS if "/synthetic/" not in n])
-def test_presets_whose_dataset_has_no_loader_refuse(name, capsys):
+def test_leaf_presets_refuse_without_their_files_and_validate_with_them(name, tmp_path, monkeypatch, capsys):
     preset = get_preset(name)
-    assert unavailable(preset) is not None
-    with pytest.raises(ConfigError, match="cannot run here: its task is"):
-        config_from_argv(["--preset", name])
-    assert cli.main(["run", "--preset", name, "--out", "unused"]) == 2
+    assert unavailable(preset) is None  # the dataset has a loader; whether its files exist is validate's check
+    for var in ("ASYNCFL_FEMNIST_DIR", "ASYNCFL_SHAKESPEARE_DIR", "ASYNCFL_DATA_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = config_from_argv(["--preset", name])
+    with pytest.raises(ConfigError, match="the dataset files are missing"):
+        validate(cfg)
+    assert cli.main(["run", "--preset", name, "--out", str(tmp_path / "unused")]) == 2
     err = capsys.readouterr().err
-    assert "no loader" in err and "Traceback" not in err
+    assert "To get the files" in err and "flwrlabs/" in err and "Traceback" not in err
+    for split in ("train", "test"):  # LEAF's layout (the loading itself is tested in test_leaf_data.py)
+        (tmp_path / "leaf" / split).mkdir(parents=True)
+        (tmp_path / "leaf" / split / "all_data.json").write_text('{"users": [], "num_samples": [], "user_data": {}}')
+    cfg = config_from_argv(["--preset", name, "--set", f"data.path={tmp_path / 'leaf'}"])
+    validate(cfg)
+    assert (cfg.data.name, cfg.data.num_clients, cfg.data.partition) == (preset["data"]["name"], 10, "natural")
+    assert cfg.model.name == preset["model"]["name"]
 
 
 def test_presets_listing_says_which_cannot_run(capsys):

@@ -200,7 +200,7 @@ def test_presets_expand_into_the_configuration():
     assert run_cfg.algorithm == "asyncfeded" and run_cfg.protocol.name == "event_clock"
     assert run_cfg.hparams == {"feded_lambda": 5.0, "feded_epsilon": 5.0, "target_staleness": 3.0, "kappa": 1.0}
     assert (cfg.local.steps, cfg.local.batch_size, cfg.local.lr, cfg.local.momentum) == (10, 10, 0.01, 0.5)
-    femnist = get_preset("asyncfeded/femnist/asyncfeded")  # not runnable here (no loader), but its values are kept
+    femnist = get_preset("asyncfeded/femnist/asyncfeded")  # its values, whether or not the LEAF files are here
     assert femnist["hparams"] == {"feded_lambda": 1.0, "feded_epsilon": 1.0, "target_staleness": 3.0, "kappa": 0.05}
     hinge = _config("--preset", "asyncfeded/synthetic/fedasync_hinge").runs[0]
     assert hinge.options == {"staleness": "hinge"} and hinge.hparams == {"alpha": 0.1, "staleness_a": 5.0,

@@ -2,6 +2,7 @@
 
 * :class:`Dataset`, :class:`ClientData` — the data contract (``client_data.py``).
 * :func:`synthetic_leaf` — LEAF/FedProx Synthetic(α, β), procedural, the embedded default dataset.
+* :func:`load_leaf` — LEAF FEMNIST (writers) and Shakespeare (speaking roles) from LEAF JSON or Flower parquet files.
 * :func:`load_fashion_mnist`, :func:`load_mnist`, :func:`find_idx_dir` — MNIST-format IDX files.
 * :func:`partition` and the partitioners :func:`iid`, :func:`dirichlet`, :func:`shards`, :func:`power_law`, with
   :func:`partition_summary` and :func:`plot_partition`.
@@ -16,6 +17,15 @@ from asyncfl_jax.data.idx import (
     load_idx_dataset,
     load_mnist,
     read_idx,
+)
+from asyncfl_jax.data.leaf import (
+    ALL_LETTERS,
+    LEAF_DATASETS,
+    LeafFormatError,
+    choose_clients,
+    encode_text,
+    find_leaf_files,
+    load_leaf,
 )
 from asyncfl_jax.data.partition import (
     PARTITIONERS,
@@ -48,6 +58,13 @@ __all__ = [
     "load_idx_dataset",
     "load_mnist",
     "read_idx",
+    "ALL_LETTERS",
+    "LEAF_DATASETS",
+    "LeafFormatError",
+    "choose_clients",
+    "encode_text",
+    "find_leaf_files",
+    "load_leaf",
     "PARTITIONERS",
     "dirichlet",
     "iid",
