@@ -29,7 +29,7 @@ Nothing is downloaded. Two file formats, recognised from the folder's contents:
    string), ``y`` (one character). These files have no test split: a random :data:`PARQUET_TEST_FRACTION` (10%) of
    each chosen client's samples is held out (drawn with the data seed) and pooled into the test set, the split the
    AsyncFedED paper describes; client ``i`` keeps ``max(1, int(0.9 n_i))`` training samples. Reading parquet needs
-   ``pyarrow`` (``pip install "asyncfl_jax[leaf]"``); PNG decoding needs Pillow.
+   ``pyarrow`` (``pip install -e ".[leaf]"`` from a clone); PNG decoding needs Pillow.
 
 **Clients.** ``num_clients`` writers / roles are chosen among those with training samples, uniformly at random
 without replacement with ``np.random.default_rng(seed)`` from the sorted user ids, then sorted: the same seed gives
@@ -171,7 +171,7 @@ def how_to_get(name: str) -> str:
         f"  * or the parquet form published for Flower (Hugging Face dataset {hub}): pip install datasets; "
         f"python -c \"from datasets import load_dataset; load_dataset('{hub}', split='train')"
         f".to_parquet('DIR/train.parquet')\"; then pass DIR as data.path (--data-dir); reading it needs "
-        "pip install \"asyncfl_jax[leaf]\" (pyarrow)\n"
+        "pip install -e \".[leaf]\" from a clone (pyarrow)\n"
         f"  * instead of data.path, ${spec.env}=<folder> or ${DATA_DIR_ENV}=<parent> with a '{spec.short}' "
         "subfolder also work")
 
@@ -211,7 +211,7 @@ def require_pyarrow() -> Any:
         import pyarrow.parquet as pq
     except ImportError as e:
         raise ImportError(f"reading the parquet form of the LEAF datasets needs pyarrow ({e}); install it with "
-                          "pip install \"asyncfl_jax[leaf]\" (or pip install pyarrow)") from None
+                          "pip install -e \".[leaf]\" from a clone (or pip install pyarrow)") from None
     return pq
 
 
