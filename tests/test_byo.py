@@ -383,8 +383,9 @@ def test_identity_server_optimizer_leaves_any_algorithm_unchanged(name):
         plain = get_algorithm(name)
         schedule = make_schedule("all_active", NUM_CLIENTS, 8, DELAYS, seed=1)
     wrapped = with_server_optimizer(plain, "momentum")
+    base = {"client_lr": 0.3, **({"server_lr": 0.1} if name == "ace" else {})}  # a step that visibly moves x
     run = lambda algorithm, extra: simulate(TASK, algorithm, schedule, local=LocalConfig(steps=2, batch_size=None),
-                                            hparams={"client_lr": 0.3, **extra}, eval_every=4,
+                                            hparams={**base, **extra}, eval_every=4,
                                             progress=False).final_params[0]
     expected = run(plain, {})
     np.testing.assert_allclose(run(wrapped, {"server_opt_lr": 1.0, "server_opt_momentum": 0.0}), expected,

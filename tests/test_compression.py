@@ -480,7 +480,7 @@ def test_wrapping_sets_name_options_and_hyperparameters():
     assert c.name == "asynflc_ef" and c.options["compression_seed"] == 3 and c.options["quant_bits"] == 8
     assert "compression_seed" not in asynflc_ef().options
     assert asynflc().options["compressor"] == "top_k" and asynflc().options["fraction"] == 0.03
-    assert dict(asynflc().hyperparams) == {"server_lr": 1.0}
+    assert dict(asynflc().hyperparams) == {"server_lr": 10.0}  # AsynFL's default (docs/defaults.md)
     assert compressed(asynfl(), "sign", name="mine").name == "mine"
     assert get_algorithm("fedbuff", compressor="top_k", k=np.int64(3)).options["k"] == 3  # plain int in options
     for name in ("asynfl", "asynflc", "asynflc_ef"):
@@ -501,7 +501,8 @@ def test_wrapping_sets_name_options_and_hyperparameters():
     ("fedbuff", {"compressor": "sign", "scaled": "yes"}, "scaled must be true or false"),
     ("fedasync", {"compressor": "top_k"}, "local model"),
     ("as_fedavg", {"compressor": "top_k"}, "local model"),
-    ("asynflc", {"error_feedback": True}, "no option .error_feedback."),
+    ("asynflc", {"error_feedback": True}, "asynflc has no error feedback"),
+    ("asynflc_ef", {"error_feedback": False}, "asynflc_ef is AsynFLC with error feedback"),
 ])
 def test_invalid_compression_options(name, options, match):
     with pytest.raises(ValueError, match=match):
