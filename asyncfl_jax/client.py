@@ -5,8 +5,14 @@ A client ``i`` that receives the server model ``x`` runs K optimizer steps on it
     y_0 = x,   y_{k+1} = y_k - eta_l * u_k,   u_k = opt(g_k),   g_k = grad F_i(y_k; batch_k) + wd * y_k + mu * (y_k - x)
 
 (``wd``: coupled L2 weight decay as in PyTorch's SGD; ``mu``: the FedProx proximal term; ``opt``: optional heavy-ball
-momentum) and returns the model delta ``Delta = y_K - x``. Gradient-based methods (ACE) instead ask for a single
-minibatch gradient ``grad F_i(x; batch_0)``.
+momentum) and returns the model delta ``Delta = y_K - x``. Gradient-based methods (ACE, ACED, ASGD with gradient
+uploads, delay-adaptive ASGD) instead ask for a single minibatch gradient with the same weight-decay term,
+
+    g = grad F_i(x; batch_0) + wd * x,
+
+so ``weight_decay`` means the same L2 term whatever the upload kind (the ACE digest's recommendation, item 5 of its
+ambiguities: "a flag that adds wd * w uniformly to every method's gradient"; with the default ``wd = 0`` nothing is
+added).
 
 Minibatches: at the start of each job the client's examples are shuffled once; step ``k`` takes positions
 ``k*B .. k*B+B-1`` of that order, wrapping around (so ``K*B > n_i`` cycles through the data in the same order); a
@@ -230,8 +236,9 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
         def step_key(k):
             return dropout_key(key, k) if uses_dropout else None
 
-        if output == "gradient":
-            return grad_fn(x, *minibatch(data, client, order, count, jnp.int32(0)), step_key(jnp.int32(0)))
+        if output == "gradient":  # one minibatch gradient at x, with the same coupled weight decay as a local step
+            g = grad_fn(x, *minibatch(data, client, order, count, jnp.int32(0)), step_key(jnp.int32(0)))
+            return g + hp["weight_decay"] * x
 
         opt = config.make_optimizer(hp)
 

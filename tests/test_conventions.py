@@ -5,7 +5,8 @@ here (numpy, float64, arrival by arrival):
 * CA2FL and MF-CA2FL normalized by the number of distinct clients (``normalize="distinct"``; the ACE paper's CA2FL
   baseline, Alg. a.3), on a schedule where clients arrive twice in a step;
 * the symmetric per-row absmax cache code (``cache_code="absmax"``; ACE digest item 19);
-* nearest rounding of the QSGD quantizers (``quant_rounding="nearest"``).
+* nearest rounding of the QSGD quantizers (``quant_rounding="nearest"``);
+* weight decay on gradient uploads (``g + wd x``), the same term local steps add to deltas.
 
 Full-batch local steps make every job a function of (client, start model), so the engine's final model must equal
 the reference's on the same schedule to float32 tolerance. Each configuration is compiled once and run, vmapped, on
@@ -288,6 +289,29 @@ def test_mf_ca2fl_absmax_distinct_matches_reference():
                                                       normalize="distinct"), ("immediate",), {"server_lr": ETA})[0]
     expected = _reference("immediate", CA2FLByDistinct(ETA, True, store=lambda v: absmax_row(v, 4)))
     _assert_close(got, expected)
+
+
+# --------------------------------------------------------------------------------------------------- weight decay
+WD = 0.2
+
+
+def _decayed_gradient(c, start, version):
+    """A gradient upload with coupled weight decay: ``grad F_c(x) + wd x``, the same L2 term a local SGD step adds."""
+    return ref.gradient(MODEL, start, DATA[c]) + WD * start
+
+
+def test_weight_decay_reaches_gradient_uploads_as_it_reaches_local_steps():
+    """``weight_decay`` is one L2 term for every upload kind: a delta's local steps use ``g + wd y`` (PyTorch's
+    coupled decay) and a gradient upload sends ``g + wd x`` (ACE digest, ambiguity 5)."""
+    got = _engine("ace_wd", ace, ("all_active", "immediate"), {"server_lr": 0.5, "weight_decay": WD})
+    for i, name in enumerate(("all_active", "immediate")):
+        expected = _reference(name, ref.ACEReference(N, D, 0.5), train=_decayed_gradient, init_round=True)
+        _assert_close(got[i], expected)
+        plain = _reference(name, ref.ACEReference(N, D, 0.5), train=_gradient, init_round=True)
+        assert _differ(expected, plain)  # the decay term is there, not ignored
+    got = _engine("fedbuff_wd", fedbuff, ("immediate",), {"server_lr": ETA, "weight_decay": WD})[0]
+    delta = lambda c, start, version: ref.local_delta(MODEL, start, DATA[c], STEPS, LR, weight_decay=WD)  # noqa: E731
+    _assert_close(got, _reference("immediate", fedavg_uniform(ETA), train=delta))  # M = 3 arrivals every step
 
 
 # --------------------------------------------------------------------------------------------------- QSGD nearest
