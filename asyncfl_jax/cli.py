@@ -173,6 +173,9 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     put("model.name", args.model)
     put("local.steps", args.local_steps)
     if args.batch_size is not None:
+        if args.batch_size < 0:
+            raise ConfigError(f"invalid option --batch-size = {args.batch_size}: must be an integer >= 1, or 0 for "
+                              "full-batch local steps")
         raw["local"]["batch_size"] = args.batch_size if args.batch_size > 0 else None  # 0: full batch
     put("local.lr", args.lr)
     if args.seeds is not None:

@@ -335,6 +335,17 @@ def _check_int(option: str, value: Any, low: int, allowed: str | None = None) ->
         _fail(option, value, allowed or f"must be an integer >= {low}")
 
 
+MAX_SEED = 2**32 - 1
+"""The largest seed: JAX's ``PRNGKey`` and numpy's generators take 32-bit seeds here."""
+
+
+def _check_seed(option: str, value: Any, allowed: str | None = None) -> None:
+    allowed = allowed or f"must be an integer in [0, {MAX_SEED}] (2^32 - 1)"
+    _check_int(option, value, 0, allowed)
+    if value > MAX_SEED:
+        _fail(option, value, allowed)
+
+
 def _check_choice(option: str, value: Any, choices: tuple[str, ...] | list[str]) -> None:
     if value not in choices:
         close = difflib.get_close_matches(str(value), list(choices), n=1)
@@ -417,12 +428,12 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     _check_int("data.examples_per_client", d.examples_per_client, 1)
     for opt in ("synthetic_alpha", "synthetic_beta"):
         v = getattr(d, opt)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            _fail(f"data.{opt}", v, "must be a number >= 0")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            _fail(f"data.{opt}", v, "must be a finite number >= 0")
     if d.synthetic_max_samples is not None:
         _check_int("data.synthetic_max_samples", d.synthetic_max_samples, 50,
                    "must be null or an integer >= 50 (the smallest client size of LEAF Synthetic)")
-    _check_int("data.seed", d.seed, 0)
+    _check_seed("data.seed", d.seed)
     for opt in ("client_test_fraction", "validation_fraction"):
         v = getattr(d, opt)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v < 1:
@@ -454,6 +465,7 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
 
     m = cfg.model
     _check_choice("model.name", m.name, MODELS)
+    _check_seed("model.seed", m.seed)
     if not isinstance(m.hidden, list) or not all(isinstance(h, int) and h >= 1 for h in m.hidden):
         _fail("model.hidden", m.hidden, "must be a list of integers >= 1")
     if m.name in IMAGE_MODELS and d.name in ("synthetic", "leaf/shakespeare"):
@@ -483,11 +495,13 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if not isinstance(cfg.seeds, list) or not cfg.seeds:
-        _fail("seeds", cfg.seeds, "must be a non-empty list of integers >= 0")
+        _fail("seeds", cfg.seeds, f"must be a non-empty list of integers in [0, {MAX_SEED}]")
     for s in cfg.seeds:
-        _check_int("seeds", s, 0, "must be a non-empty list of integers >= 0")
+        _check_seed("seeds", s, f"must be a non-empty list of integers in [0, {MAX_SEED}]")
     if len(set(cfg.seeds)) != len(cfg.seeds):
         _fail("seeds", cfg.seeds, "must not repeat a seed")
+    if not isinstance(cfg.output, str) or not cfg.output.strip():
+        _fail("output", cfg.output, "must name a folder (an empty --out would write into the current folder)")
     _check_int("eval_points", cfg.eval_points, 1)
     if not isinstance(cfg.shard_jobs, bool):
         _fail("shard_jobs", cfg.shard_jobs, "must be true or false")
