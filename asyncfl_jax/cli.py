@@ -252,7 +252,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
 
 def config_from_argv(argv: Sequence[str]) -> ExperimentConfig:
     """The configuration ``asyncfl run ARGV...`` would run (not validated), e.g.
-    ``config_from_argv(["--algorithm", "ace", "--hparam", "server_lr=0.02,0.05"])``."""
+    ``config_from_argv(["--algorithm", "ace", "--hparam", "server_lr=0.002,0.005"])``."""
     args = _build_parser().parse_args(["run", *argv])
     return _config_from_args(args)
 
