@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 import json
 import math
-from typing import Any
+from typing import Any, Mapping
 
 from asyncfl_jax.algorithms import REGISTRY, get_algorithm
 from asyncfl_jax.timing.delays import DelayModel
@@ -378,8 +378,6 @@ def resolve(cfg: ExperimentConfig) -> ExperimentConfig:
     local-training ones, ``client_lr``, ``momentum``, ``weight_decay``, stay in the ``local`` section unless the run
     overrides them; delay-adaptive ASGD's ``tau_c`` defaults to the run's concurrency). Resolving a resolved
     configuration changes nothing. ``cfg`` must be valid (:func:`validate`)."""
-    from asyncfl_jax.client import LOCAL_HPARAMS
-
     raw = cfg.to_dict()
     raw["delays"] = {**dataclasses.asdict(cfg.delay_model())}
     if raw["delays"]["dropout_time"] == math.inf:  # JSON has no inf: "never" is the default, written as null
@@ -387,11 +385,19 @@ def resolve(cfg: ExperimentConfig) -> ExperimentConfig:
     for run, entry in zip(cfg.runs, raw["runs"]):
         algorithm = get_algorithm(run.algorithm, **run.options)
         entry["options"] = dict(algorithm.options)
-        defaults = {k: v for k, v in algorithm.hyperparams.items() if k not in LOCAL_HPARAMS}
-        if "tau_c" in defaults:
-            defaults["tau_c"] = float(run_concurrency(run, cfg.data.num_clients))
-        entry["hparams"] = {**defaults, **run.hparams}
+        entry["hparams"] = {**algorithm_defaults(run, algorithm.hyperparams, cfg.data.num_clients), **run.hparams}
     return ExperimentConfig.from_dict(raw)
+
+
+def algorithm_defaults(run: RunConfig, hyperparams: Mapping[str, float], num_clients: int) -> dict[str, float]:
+    """The run's defaults of the algorithm's own hyper-parameters ``hyperparams`` (the local-training ones belong to
+    the ``local`` section): the algorithm's values, except delay-adaptive ASGD's ``tau_c`` = the run's concurrency."""
+    from asyncfl_jax.client import LOCAL_HPARAMS
+
+    defaults = {k: v for k, v in hyperparams.items() if k not in LOCAL_HPARAMS}
+    if "tau_c" in defaults:
+        defaults["tau_c"] = float(run_concurrency(run, num_clients))  # tau_C = Mc (ACE digest)
+    return defaults
 
 
 def run_concurrency(run: RunConfig, num_clients: int) -> int:

@@ -29,7 +29,7 @@ import numpy as np
 from asyncfl_jax import checkpoint
 from asyncfl_jax.algorithms import get_algorithm
 from asyncfl_jax.client import LocalConfig
-from asyncfl_jax.config import ConfigError, ExperimentConfig, RunConfig, resolve, run_concurrency, validate
+from asyncfl_jax.config import ConfigError, ExperimentConfig, RunConfig, algorithm_defaults, resolve, validate
 from asyncfl_jax.data.partition import partition as split_clients
 from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.engine import simulate
@@ -160,9 +160,8 @@ def run_experiment(
         epochs=cfg.local.epochs,
         use_momentum=cfg.local.momentum > 0,
     )
-    hparams = {**cfg.local.hparams(), **run.hparams}
-    if "tau_c" in algorithm.hyperparams and "tau_c" not in run.hparams:
-        hparams["tau_c"] = float(run_concurrency(run, cfg.data.num_clients))  # delay-adaptive ASGD: tau_C = Mc
+    hparams = {**cfg.local.hparams(), **algorithm_defaults(run, algorithm.hyperparams, cfg.data.num_clients),
+               **run.hparams}
     return simulate(
         task,
         algorithm,
