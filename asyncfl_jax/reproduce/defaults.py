@@ -20,8 +20,6 @@ import json
 import os
 from typing import Any, Sequence
 
-import numpy as np
-
 GRIDS: dict[str, dict[str, list[float]]] = {
     # algorithm -> the hyper-parameter swept and its values
     "ace": {"server_lr": [0.002, 0.005, 0.01, 0.02, 0.1]},
@@ -63,19 +61,15 @@ def sweep(algorithm: str, arrivals: int = 3000, seeds: Sequence[int] = (0, 1)) -
     validate(cfg)
     (history,) = run_config(cfg, progress=False, write=False)
     names = list(GRIDS[algorithm])
-    points: dict[tuple[float, ...], list[int]] = {}
-    for r, hp in enumerate(history.hparams):
-        points.setdefault(tuple(hp[k] for k in names), []).append(r)
     rows = []
-    final = history.final("test_accuracy")
-    for key, members in points.items():
-        ok = [r for r in members if history.diverged_at[r] < 0 and np.isfinite(final[r])]
+    for point, stats in zip(history.points(), history.point_stats("test_accuracy")):  # seeds apart per point
+        left_out = {seed for seed, _ in stats.diverged} | set(stats.non_finite)
         rows.append({
             "algorithm": algorithm,
-            "hparams": dict(zip(names, key)),
-            "final_test_accuracy": float(np.mean(final[ok])) if ok else None,
-            "seeds": [history.seeds[r] for r in ok],
-            "diverged_seeds": [history.seeds[r] for r in members if r not in ok],
+            "hparams": {k: point.hparams[k] for k in names},
+            "final_test_accuracy": stats.mean,
+            "seeds": [seed for seed in point.seeds if seed not in left_out],
+            "diverged_seeds": sorted(left_out),
         })
     return rows
 
