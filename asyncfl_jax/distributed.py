@@ -189,3 +189,14 @@ def check_same_everywhere(what: str, tree: Any) -> None:
     if differing:
         raise ValueError(f"the {what} of process(es) {differing} differ from those of process 0: every process of a "
                          f"run must be started with the same configuration, seeds and data")
+
+
+def initialize_from_options(coordinator: str | None = None, num_processes: int | None = None,
+                            process_id: int | None = None, cluster: bool = False,
+                            environ: Mapping[str, str] | None = None) -> bool:
+    """:func:`initialize` from the command line's options, each falling back on its ``ASYNCFL_*`` environment
+    variable (:func:`launch_from_env`) when not given; returns whether the runtime was started."""
+    env = launch_from_env(environ)
+    given = (coordinator, num_processes, process_id)
+    coordinator, num_processes, process_id = (g if g is not None else e for g, e in zip(given, env))
+    return initialize(coordinator, num_processes, process_id, cluster=cluster)
