@@ -34,6 +34,7 @@ import threading
 from typing import Any, Sequence
 
 from asyncfl_jax.algorithms import REGISTRY
+from asyncfl_jax.compile_cache import enable_compile_cache
 from asyncfl_jax.presets import get_preset, unavailable
 from asyncfl_jax.config import ConfigError, ExperimentConfig, parse_value, resolve, set_option, validate
 
@@ -71,6 +72,9 @@ def _build_parser() -> argparse.ArgumentParser:
     multi.add_argument("--process-id", type=int, metavar="I", help="this process, 0..N-1 (env ASYNCFL_PROCESS_ID)")
     multi.add_argument("--cluster", action="store_true",
                        help="let jax.distributed.initialize() read the cluster's environment (SLURM, Open MPI)")
+    run.add_argument("--no-compile-cache", action="store_true",
+                     help="do not use JAX's persistent compilation cache (default: on, in $ASYNCFL_COMPILE_CACHE or "
+                          "~/.cache/asyncfl_jax/jax; ASYNCFL_COMPILE_CACHE=off also turns it off)")
     run.add_argument("--tensorboard", metavar="DIR",
                      help="also write every replica's metrics as TensorBoard scalars under DIR/<run>/<point>/seed<s> "
                           "(needs tensorboardX: pip install 'asyncfl-jax[tensorboard]')")
@@ -384,6 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"asyncfl: error: {e}", file=sys.stderr)
         return 2
     try:
+        if not args.print_config:  # compiled programs are reused by the next identical run (compile_cache.py)
+            enable_compile_cache("off" if args.no_compile_cache else None)
         cfg = _resumed_config(args) if args.resume is not None else _config_from_args(args)
         if args.print_config:  # every option, defaults written out; dataset files need not exist yet
             validate(cfg, check_files=False)
