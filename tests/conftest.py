@@ -46,6 +46,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             os.environ.pop(name, None)
 
 
+# The files holding the longest tests (measured with --durations: the README commands in order, 4-device sharding in
+# a subprocess, the README example, the notebooks, ...) run first. xdist's worksteal hands out tests in collection
+# order, so a long test collected last would start last and leave the other worker idle at the end.
+LONG_FIRST = ("test_readme_commands.py", "test_sharding.py", "test_readme.py", "test_lookahead.py",
+              "test_notebooks.py", "test_reproduce_ace.py", "test_scripts.py", "test_defaults_and_floors.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A stable reordering by file: LONG_FIRST's files first (in that order), the others after in their order;
+    a file's tests stay together (its module fixtures are set up once)."""
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_compile_cache() -> None:
     """Every test process compiles into and loads from the session's cache folder (every program: no minimum
