@@ -21,7 +21,7 @@ from asyncfl_jax import checkpoint
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig, check_optimizer_hparams
 from asyncfl_jax.distributed import check_same_everywhere, to_host
-from asyncfl_jax.engine.budget import MemoryBudget, memory_budget
+from asyncfl_jax.engine.budget import MemoryBudget, check_compiled, memory_budget
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, stack_hparams
 from asyncfl_jax.engine.placement import Placed, ShardJobs, SingleDevice, check_processes
@@ -286,8 +286,9 @@ class HostLoop:
         variant = (stop - start, frozen)
         if variant not in self.compiled:
             tc = time.perf_counter()
-            self.compiled[variant] = self.chunk_fns[frozen].lower(state.carry, part, placed.hp, placed.keys,
-                                                                  placed.data).compile()
+            compiled = self.chunk_fns[frozen].lower(state.carry, part, placed.hp, placed.keys, placed.data).compile()
+            check_compiled(compiled, run.label)  # XLA's own count, temporaries included, before the chunk runs
+            self.compiled[variant] = compiled
             self.loop_compile_seconds += time.perf_counter() - tc
         t0 = time.perf_counter()
         carry, records = self.compiled[variant](state.carry, part, placed.hp, placed.keys, placed.data)
