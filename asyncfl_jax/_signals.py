@@ -43,6 +43,7 @@ class Interrupted(KeyboardInterrupt):
 
 _pending: list[int] = []
 _depth = 0
+_previous: dict[int, Any] = {}
 
 
 def _on_signal(signum: int, frame: Any) -> None:  # noqa: ARG001
@@ -62,18 +63,22 @@ def install() -> bool:
     if threading.current_thread() is not threading.main_thread():
         return False
     for signum in SIGNALS:
-        if signal.getsignal(signum) is not signal.SIG_IGN:
+        current = signal.getsignal(signum)
+        if current is not signal.SIG_IGN and current is not _on_signal:
+            _previous[signum] = current
             signal.signal(signum, _on_signal)
     return True
 
 
 def uninstall() -> None:
-    """Gives SIGINT and SIGTERM back their usual effect (``KeyboardInterrupt`` and termination)."""
+    """Gives SIGINT and SIGTERM back the handlers they had before :func:`install` (by default ``KeyboardInterrupt``
+    and termination) and forgets a recorded signal."""
     if threading.current_thread() is not threading.main_thread():
         return
     for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
         if signal.getsignal(signum) is _on_signal:
-            signal.signal(signum, default)
+            previous = _previous.pop(signum, default)
+            signal.signal(signum, default if previous is None else previous)
     _pending.clear()
 
 

@@ -12,6 +12,18 @@
 Every option is checked before anything is compiled; an invalid one stops the command with exit code 2 and a message
 naming the option, the value and what is allowed.
 
+Exit codes (one message on stderr, no traceback unless ``--debug``; see docs/simulator.md, "Errors, exit codes and
+signals"):
+
+====  ==================================================================================================
+0     success
+2     bad input or an environment the user can fix: an invalid option, file or dataset, a memory refusal, disk
+      full (continue with ``--resume`` after freeing space), permission denied, any other I/O error
+1     an internal error (a bug in asyncfl_jax): rerun with ``--debug`` for the traceback and report it
+130   interrupted by Ctrl-C (SIGINT)
+143   interrupted by SIGTERM
+====  ==================================================================================================
+
 Checkpoints: ``asyncfl run --out DIR`` saves each run's state into ``DIR/checkpoints/<run>/`` every
 ``--checkpoint-every`` evaluation chunks (default 1; ``--no-checkpoint`` turns it off) and the History of each
 finished run there. Ctrl-C or SIGTERM lets the current chunk finish, saves, and exits (codes 130 and 143);
@@ -414,9 +426,11 @@ def _report(error: BaseException, args: argparse.Namespace, debug: bool) -> int:
     if isinstance(error, KeyboardInterrupt):
         code = error.exit_code if isinstance(error, _signals.Interrupted) else 130
         by = " by SIGTERM" if code == 143 else ""
-        hint = (f"continue with: asyncfl run --resume {out}" if os.path.isfile(os.path.join(out, "config.json"))
-                else "nothing was written")
-        print(f"asyncfl: interrupted{by}; finished runs are saved, {hint}", file=sys.stderr)
+        if getattr(args, "command", None) == "run" and os.path.isfile(os.path.join(out, "config.json")):
+            print(f"asyncfl: interrupted{by}; finished runs are saved, continue with: asyncfl run --resume {out}",
+                  file=sys.stderr)
+        else:
+            print(f"asyncfl: interrupted{by} before the run started; nothing was written to {out}", file=sys.stderr)
         return code
     message, code = _describe(error, out)
     print(f"asyncfl: error: {message}", file=sys.stderr)

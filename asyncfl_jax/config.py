@@ -224,6 +224,8 @@ class ExperimentConfig:
         """Reads a configuration file: a JSON object in UTF-8 (UTF-16 and UTF-32 with their byte-order mark are read
         too, as :func:`json.loads` detects them). Any file that is not such an object (missing, a folder, unreadable,
         binary, not JSON, not an object) raises :class:`ConfigError` saying which."""
+        if not isinstance(path, (str, os.PathLike)) or "\x00" in os.fspath(path):
+            raise ConfigError(f"config file {path!r} is not a file name")
         if os.path.isdir(path):
             raise ConfigError(f"config file {path!r} is a folder; give the path of a JSON file")
         try:
@@ -436,7 +438,7 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     """
     d = cfg.data
     _check_choice("data.name", d.name, DATASETS)
-    if d.path is not None and (not isinstance(d.path, str) or not d.path.strip()):
+    if d.path is not None and (not isinstance(d.path, str) or not d.path.strip() or "\x00" in d.path):
         _fail("data.path", d.path, "must be null (the dataset's default folder) or the name of a folder")
     _check_int("data.num_clients", d.num_clients, 1)
     _check_choice("data.partition", d.partition, PARTITIONS)
@@ -492,7 +494,7 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     m = cfg.model
     _check_choice("model.name", m.name, MODELS)
     _check_seed("model.seed", m.seed)
-    if not isinstance(m.hidden, list) or not all(isinstance(h, int) and h >= 1 for h in m.hidden):
+    if not isinstance(m.hidden, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in m.hidden):
         _fail("model.hidden", m.hidden, "must be a list of integers >= 1")
     if m.name in IMAGE_MODELS and d.name in ("synthetic", "leaf/shakespeare"):
         _fail("model.name", m.name, f"{m.name!r} needs image data (e.g. fashion_mnist, leaf/femnist); use "
@@ -528,6 +530,8 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
         _fail("seeds", cfg.seeds, "must not repeat a seed")
     if not isinstance(cfg.output, str) or not cfg.output.strip():
         _fail("output", cfg.output, "must name a folder (an empty --out would write into the current folder)")
+    if "\x00" in cfg.output:
+        _fail("output", cfg.output, "must not contain a NUL character")
     _check_int("eval_points", cfg.eval_points, 1)
     if not isinstance(cfg.shard_jobs, bool):
         _fail("shard_jobs", cfg.shard_jobs, "must be true or false")

@@ -10,8 +10,10 @@ initialisation: nothing is allocated) and the algorithm's server and per-client 
   adds its ``n x examples_per_client`` int32 indices; a LEAF dataset at least one example per client;
 - schedules (host, one per seed): ``T x (36 M + 8)`` bytes (per arrival its client, slot, version and time, per
   dispatch its client, slot and time; ``M`` arrivals per step, one for a server clock or the event clock);
-- state (device): ``R x (server + clients + S x d x 4)`` bytes for ``R`` replicas (seeds x swept points), ``S``
-  jobs in flight, ``d`` parameters; the scan carry is double-buffered while a chunk runs, so it counts twice.
+- state (device): ``R x (server + clients)`` bytes for ``R`` replicas (seeds x swept points): the algorithm's server
+  state (the model, and ``n x d`` caches where there are) and per-client state; the messages in flight are left out
+  (compressed uploads may be smaller than float32). The scan carry is double-buffered while a chunk runs, so the
+  state counts twice.
 
 :func:`check_memory` refuses (:class:`MemoryRefusal`, before anything is built) a configuration whose host part
 exceeds 90% of the physical memory or whose device part exceeds 90% of one device's memory, and names the option to
@@ -111,13 +113,17 @@ def check_partition_fits(cfg: ExperimentConfig) -> None:
 
 def model_params(cfg: ExperimentConfig) -> int:
     """The model's parameter count d, from ``jax.eval_shape`` of its initialisation (nothing allocated)."""
+    _, _, shape, classes = DATASET_SIZES[cfg.data.name]
+    return _param_count(cfg.model.name, shape, classes, tuple(cfg.model.hidden))
+
+
+@functools.lru_cache(maxsize=64)
+def _param_count(name: str, shape: tuple[int, ...], classes: int, hidden: tuple[int, ...]) -> int:
     import jax
 
     from asyncfl_jax.models.core import make_model
 
-    _, _, shape, classes = DATASET_SIZES[cfg.data.name]
-    m = cfg.model
-    params = jax.eval_shape(lambda: make_model(m.name, shape, classes, m.seed, m.hidden).init_params)
+    params = jax.eval_shape(lambda: make_model(name, shape, classes, 0, hidden).init_params)
     return int(sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(params)))
 
 
@@ -126,18 +132,8 @@ def _replicas(cfg: ExperimentConfig, run: Any) -> int:
     return len(cfg.seeds) * math.prod(len(v) if isinstance(v, (list, tuple)) else 1 for v in sweep.values())
 
 
-def _in_flight(run: Any, num_clients: int) -> int:
-    p = run.protocol
-    if p.name == "concurrent":
-        return p.concurrency
-    if p.name == "synchronous":
-        return p.participants or num_clients
-    return num_clients
-
-
 def _state_bytes(run: Any, num_clients: int, d: int) -> int:
-    """Server state + per-client state (``jax.eval_shape`` of the algorithm's init functions) + in-flight messages,
-    for one replica."""
+    """Server state + per-client state (``jax.eval_shape`` of the algorithm's init functions) of one replica."""
     import jax
     import jax.numpy as jnp
 
@@ -148,7 +144,7 @@ def _state_bytes(run: Any, num_clients: int, d: int) -> int:
     trees = [jax.eval_shape(functools.partial(fn, num_clients=num_clients), x0)
              for fn in (_positional(algorithm.init), _positional(algorithm.init_clients))]
     nbytes = sum(math.prod(leaf.shape) * leaf.dtype.itemsize for tree in trees for leaf in jax.tree_util.tree_leaves(tree))
-    return int(nbytes) + 4 * d * _in_flight(run, num_clients)
+    return int(nbytes)  # the in-flight messages are left out: compressed uploads may take less than 4 bytes each
 
 
 def _positional(fn: Any) -> Any:
