@@ -445,6 +445,9 @@ def _describe(error: BaseException, out: str) -> tuple[str, int]:
     if isinstance(error, PartitionError):
         return (f"the data cannot be split over the clients as configured: {error} (options data.num_clients, "
                 "data.min_size, data.shards_per_client, data.partition)"), 2
+    if isinstance(error, CheckpointError) and _no_space(error):  # a save that failed for a full disk
+        return (f"{error}; free some space, then continue with: asyncfl run --resume {out} (the previous checkpoint "
+                "is kept)"), 2
     if isinstance(error, (InputError, CheckpointError)):
         return str(error), 2
     if isinstance(error, MemoryRefusal):  # the budget's own message names the sizes and the option to lower
@@ -463,12 +466,22 @@ def _describe(error: BaseException, out: str) -> tuple[str, int]:
             "input: please report it with the command line; rerun with --debug to see the traceback"), 1
 
 
+def _no_space(error: BaseException) -> bool:
+    """Whether ``error`` or one of its causes is a full disk (ENOSPC, EDQUOT)."""
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
 def _describe_os_error(error: OSError, out: str) -> str:
     """An I/O error as a message naming the path, the system's reason and what to do."""
     where = error.filename if error.filename is not None else "a file"
     reason = error.strerror or str(error)
     resumable = os.path.isfile(os.path.join(out, "config.json"))
-    if error.errno == errno.ENOSPC or error.errno == errno.EDQUOT:
+    if _no_space(error):
         return (f"no space left on the device writing {where} ({reason}): free some space, then "
                 + (f"continue with: asyncfl run --resume {out}" if resumable else "run the command again"))
     if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):

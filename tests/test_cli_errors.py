@@ -136,6 +136,21 @@ def test_faults_during_the_run_end_at_the_boundary(capsys, tmp_path, monkeypatch
     assert err.count("asyncfl: error:") == 1
 
 
+def test_a_checkpoint_save_that_fails_for_a_full_disk_says_to_free_space_and_resume(capsys, tmp_path, monkeypatch):
+    from asyncfl_jax.checkpoint import CheckpointError
+
+    def fail(cfg, **kwargs):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as e:
+            raise CheckpointError("saving the checkpoint of fedbuff failed") from e
+
+    monkeypatch.setattr(experiment, "run_config", fail)
+    code, err = _exit(capsys, tmp_path)
+    assert code == 2 and "saving the checkpoint of fedbuff failed; free some space, then continue with: asyncfl run " \
+        f"--resume {tmp_path / 'out'}" in err, err
+
+
 def test_debug_shows_the_traceback(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(experiment, "run_config", lambda cfg, **kw: 1 / 0)
     assert cli.main(["run", *TINY, "--out", str(tmp_path / "out"), "--debug"]) == 1
