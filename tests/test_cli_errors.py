@@ -249,3 +249,30 @@ def test_the_compiled_chunk_is_checked_with_xla_memory_analysis():
 
     real = jax.jit(lambda x: x * 2).lower(jnp.ones((1000,), jnp.float32)).compile()
     assert compiled_bytes(real) >= 8000  # its argument and its output
+
+
+# ---------------------------------------------------------------------------------------------------- Python API
+@pytest.fixture(scope="module")
+def tiny_api():
+    import asyncfl_jax as afl
+
+    ds = afl.data.synthetic_leaf(num_clients=4, alpha=1.0, beta=1.0, max_samples=60)
+    schedule = afl.make_schedule("concurrent", 4, 3, afl.DelayModel(), seed=0, concurrency=2, buffer_size=1,
+                                 refill="immediate")
+    return afl, ds, schedule
+
+
+@pytest.mark.parametrize("classes,kwargs,message", [
+    (7, {}, r"task.model \(logreg\) outputs shape \(1, 7\) for one example, but the task has 10 classes"),
+    (10, {"hparams": {"client_lr": -0.1}}, r"hparams\['client_lr'\] must be >= 0"),
+    (10, {"hparams": {"server_lr": [1.0, float("nan")]}}, r"hparams\['server_lr'\] must be finite"),
+    (10, {"seeds": [0.5]}, r"seeds must be integers in \[0, 4294967295\], got 0.5"),
+    (10, {"seeds": [1, 1]}, r"seeds must not repeat a seed"),
+    (10, {"seeds": [-1]}, r"seeds must be integers in \[0, 4294967295\], got -1"),
+])
+def test_simulate_names_the_argument_at_fault(tiny_api, classes, kwargs, message):
+    afl, ds, schedule = tiny_api
+    task = afl.make_task(ds, ds.natural_partition, afl.make_model("logreg", ds.input_shape, classes))
+    with pytest.raises(ValueError, match=message):
+        afl.simulate(task, afl.fedbuff(), schedule, afl.LocalConfig(steps=1, batch_size=None), eval_every=3,
+                     progress=False, **kwargs)

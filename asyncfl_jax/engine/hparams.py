@@ -63,13 +63,18 @@ def check_seeds(seeds: Any) -> list[int]:
 def check_hparam_value(name: str, value: Any) -> float:
     """``value`` of hyper-parameter ``name`` as a float: a finite real number, >= 0 for
     :data:`NONNEGATIVE_HPARAMS`; else a ValueError naming it."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+    try:
+        array = np.asarray(value)
+    except Exception:  # noqa: BLE001 - anything that is not array-like
+        array = np.asarray(None)
+    if array.ndim != 0 or array.dtype.kind not in "iuf":  # bool, complex, strings, objects: refused
         raise ValueError(f"hparams[{name!r}] must be a real number (or a list of them), got {value!r}")
+    value = float(array)
     if not np.isfinite(value):
         raise ValueError(f"hparams[{name!r}] must be finite, got {value!r}")
     if name in NONNEGATIVE_HPARAMS and value < 0:
         raise ValueError(f"hparams[{name!r}] must be >= 0 (a negative value turns the rule around), got {value!r}")
-    return float(value)
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
