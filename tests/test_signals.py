@@ -21,8 +21,9 @@ TINY = ["--no-progress", "--no-plot", "--model", "logreg", "--set", "data.num_cl
         "--set", "eval_points=4"]
 
 
-def _default_sigint() -> None:  # a background shell may hand the child SIGINT ignored; a terminal would not
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# A background shell may hand the child SIGINT ignored (a terminal would not): this launcher gives it back its default
+# and then becomes the command (exec keeps the default), without a preexec_fn (fork of a threaded JAX process).
+LAUNCH = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.executable, sys.argv[1:])"
 
 
 @pytest.mark.parametrize("delay", [0.5, 1.0, 2.0, 4.0])
@@ -30,9 +31,9 @@ def _default_sigint() -> None:  # a background shell may hand the child SIGINT i
 def test_a_signal_at_any_moment_ends_cleanly(tmp_path, delay, signum):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen([sys.executable, "-m", "asyncfl_jax.cli", "run", *TINY, "--out", str(out)], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_sigint)
+    command = [sys.executable, "-m", "asyncfl_jax.cli", "run", *TINY, "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCH, *command], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     time.sleep(delay)
     proc.send_signal(signum)
     sent = time.perf_counter()
