@@ -21,6 +21,10 @@ nothing is shown unless logging is configured (``logging.basicConfig(level=loggi
 prints them to stderr.
 """
 
+from asyncfl_jax import _signals
+
+_signals.hold_imports()  # the `asyncfl` command only: Ctrl-C / SIGTERM while JAX imports is raised once main() starts
+
 import logging as _logging
 
 _logging.getLogger("asyncfl_jax").addHandler(_logging.NullHandler())

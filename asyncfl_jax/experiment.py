@@ -34,6 +34,7 @@ from asyncfl_jax.data.partition import partition as split_clients
 from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.engine import simulate
 from asyncfl_jax.models.core import make_model
+from asyncfl_jax.preflight import check_memory
 from asyncfl_jax.results import (
     History,
     environment_info,
@@ -334,6 +335,7 @@ def run_config(
     if processes > 1 and not (cfg.shard_replicas or cfg.shard_clients):
         raise ConfigError(f"this run spans {processes} processes (jax.distributed): set shard_replicas or "
                           "shard_clients (--shard-replicas, --shard-clients) to split it between them")
+    check_memory(cfg)  # what cannot fit is refused before any data or schedule is built
     environment = {**environment_info(), **invocation_info()} if write else None
     config = cfg.to_dict()
     checkpointing = write and checkpoint_every is not None

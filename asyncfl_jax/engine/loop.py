@@ -21,7 +21,7 @@ from asyncfl_jax import checkpoint
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig, check_optimizer_hparams
 from asyncfl_jax.distributed import check_same_everywhere, to_host
-from asyncfl_jax.engine.budget import MemoryBudget, memory_budget
+from asyncfl_jax.engine.budget import MemoryBudget, check_compiled, memory_budget
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, stack_hparams
 from asyncfl_jax.engine.placement import Placed, ShardJobs, SingleDevice, check_processes
@@ -42,6 +42,20 @@ def metric_shapes(program: Program, data: Any, num_clients: int) -> dict[str, tu
                              f"or a per-client vector of at most {num_clients} entries")
         out[name] = tuple(int(d) for d in s.shape)
     return out
+
+
+def check_model_outputs(task: Task) -> None:
+    """A ValueError naming ``task.model`` when, for classification (integer labels), the model's output for one
+    example is not ``[1, num_classes]`` logits (``jax.eval_shape``: nothing is computed). A model built for another
+    number of classes would otherwise train and report accuracies against labels it cannot output."""
+    if not np.issubdtype(np.dtype(task.test_y.dtype), np.integer):
+        return  # regression: the loss compares output and target shapes itself
+    out = jax.eval_shape(task.model.apply_fn, task.model.init_params, task.test_x[:1])
+    shape = tuple(getattr(out, "shape", ()))
+    if shape != (1, task.num_classes):
+        raise ValueError(f"task.model ({task.model.name}) outputs shape {shape} for one example, but the task has "
+                         f"{task.num_classes} classes: the model must output [batch, {task.num_classes}] logits "
+                         f"(e.g. make_model(..., num_classes={task.num_classes}))")
 
 
 def check_count(name: str, value: Any, low: int = 1, note: str = "") -> int:
@@ -100,6 +114,7 @@ def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCo
     ``replicas`` (optional) gives the replicas directly (e.g. from :func:`make_replicas`) instead of ``seeds`` x
     ``hparams``; schedules given one per seed are then matched to the replicas' distinct seeds in order."""
     lookahead = check_count("lookahead", lookahead, note=" (1: off)")
+    check_model_outputs(task)
     placement = placement or SingleDevice()
     if lookahead > 1 and isinstance(placement, ShardJobs):
         raise ValueError("lookahead > 1 cannot be combined with shard_jobs (the buffered jobs are not placed over the "
@@ -286,8 +301,9 @@ class HostLoop:
         variant = (stop - start, frozen)
         if variant not in self.compiled:
             tc = time.perf_counter()
-            self.compiled[variant] = self.chunk_fns[frozen].lower(state.carry, part, placed.hp, placed.keys,
-                                                                  placed.data).compile()
+            compiled = self.chunk_fns[frozen].lower(state.carry, part, placed.hp, placed.keys, placed.data).compile()
+            check_compiled(compiled, run.label)  # XLA's own count, temporaries included, before the chunk runs
+            self.compiled[variant] = compiled
             self.loop_compile_seconds += time.perf_counter() - tc
         t0 = time.perf_counter()
         carry, records = self.compiled[variant](state.carry, part, placed.hp, placed.keys, placed.data)
