@@ -44,6 +44,7 @@ from asyncfl_jax.results import (
     save_history,
     write_atomic,
     write_client_metrics,
+    write_trajectory,
     write_results,
 )
 from asyncfl_jax.task import Task, make_task
@@ -180,6 +181,8 @@ def run_experiment(
         checkpoint_every=checkpoint_every,
         resume=resume,
         callbacks=callbacks,
+        precision=cfg.precision,
+        trajectory=cfg.trajectory,
     )
 
 
@@ -353,6 +356,8 @@ def run_config(
                                      checkpoint_every=checkpoint_every or 1, resume=resume, callbacks=callbacks)
             if write and history.realized_schedules is not None:  # the events the clocked run went through
                 save_realized_schedules(cfg, run, history)
+            if write:  # now, not with the results: a finished run's History is reloaded without its trajectory
+                write_trajectory(cfg.output, history)
             if folder is not None:
                 save_history(history, folder, meta)
                 checkpoint.clear(folder)  # the History holds all that is left to know

@@ -66,11 +66,7 @@ def _cast_leaf(leaf: Any, dtype: Any) -> Any:
         return leaf
     if leaf.dtype == dtype:
         return leaf
-    out = jnp.asarray(leaf, dtype)
-    if out.dtype != dtype:
-        raise ValueError(f"precision={str(np.dtype(dtype))!r} needs jax_enable_x64: run it inside "
-                         "asyncfl_jax.precision.precision_scope (simulate does)")
-    return out
+    return jnp.asarray(leaf, dtype)
 
 
 def cast_tree(tree: Any, dtype: Any) -> Any:
@@ -82,6 +78,9 @@ def cast_task(task: Any, precision: str) -> Any:
     """``task`` (a :class:`~asyncfl_jax.task.Task`) with its model parameters and every floating-point data array in
     ``precision`` (the same task when nothing changes, so a float32 run of a float32 task is untouched)."""
     dtype = precision_dtype(precision)
+    if dtype == np.float64 and not jax.config.jax_enable_x64:  # jnp would silently give float32
+        raise ValueError("precision='float64' needs jax_enable_x64: run it inside "
+                         "asyncfl_jax.precision.precision_scope('float64') (simulate and prepare_run do)")
     fields = ("train", "test_x", "test_y", "train_eval_x", "train_eval_y", "val_x", "val_y", "client_test")
     changes = {f: cast_tree(getattr(task, f), dtype) for f in fields}
     params = cast_tree(task.model.init_params, dtype)
