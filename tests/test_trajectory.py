@@ -150,3 +150,29 @@ def test_cli_writes_the_trajectory_and_load_results_reads_it(tmp_path):
     np.testing.assert_array_equal(history.trajectory, trajectory)
     np.testing.assert_array_equal(trajectory[:, -1], history.final_params)
     assert os.path.isfile(out / "checkpoints" / "fedbuff" / "history.npz")
+
+
+def test_event_clock_run_with_a_diverged_replica():
+    """Under the in-scan event clock the trajectory sits beside the clock's records (the realized schedules are
+    those of the run without it), and a replica frozen after diverging repeats the model it keeps."""
+    from asyncfl_jax.algorithms import asyncfeded
+    from asyncfl_jax.timing.clock import EventClock
+
+    clock = EventClock(N, 30, DelayModel(), seed=0)
+    kw = {"hparams": {"client_lr": [0.3, 1e38], "feded_lambda": 1.0, "feded_epsilon": 1.0, "target_staleness": 3.0,
+                      "kappa": 1.0}, "eval_every": 10, "progress": False}
+    with pytest.warns(RuntimeWarning, match="diverged"):
+        plain = simulate(TASK, asyncfeded(initial_steps=3, max_steps=6), clock, LOCAL, **kw)
+    with pytest.warns(RuntimeWarning, match="diverged"):
+        history = simulate(TASK, asyncfeded(initial_steps=3, max_steps=6), clock, LOCAL, trajectory=True, **kw)
+    np.testing.assert_array_equal(history.final_params, plain.final_params)
+    np.testing.assert_array_equal(history.job_steps, plain.job_steps)
+    assert [s.num_steps for s in history.realized_schedules] == [s.num_steps for s in plain.realized_schedules]
+    traj = history.trajectory
+    assert traj.shape == (2, 31, X0.size)
+    np.testing.assert_array_equal(traj[:, -1], history.final_params)
+    assert history.diverged_at[0] == -1 and 0 <= history.diverged_at[1] < 20
+    frozen_from = (history.diverged_at[1] // 10 + 1) * 10  # the first chunk after the one that diverged
+    assert frozen_from < 30
+    kept = np.broadcast_to(history.final_params[1], traj[1, frozen_from:].shape)
+    np.testing.assert_array_equal(traj[1, frozen_from:], kept)  # NaN equal to NaN: the kept model, step after step
