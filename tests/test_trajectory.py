@@ -176,3 +176,23 @@ def test_event_clock_run_with_a_diverged_replica():
     assert frozen_from < 30
     kept = np.broadcast_to(history.final_params[1], traj[1, frozen_from:].shape)
     np.testing.assert_array_equal(traj[1, frozen_from:], kept)  # NaN equal to NaN: the kept model, step after step
+
+
+def test_a_frozen_replica_records_the_model_it_keeps():
+    """The frozen chunk (used once a replica diverged) records the kept model for a frozen replica, not the steps
+    it would have taken; the other replica's records are its steps."""
+    from asyncfl_jax.engine import HostLoop
+
+    run = loop_module.prepare_run(TASK, fedbuff(), SCHEDULE, LOCAL, seeds=[0, 1], hparams=FEDBUFF_HP, eval_every=4,
+                                  trajectory=True)
+    loop = HostLoop(run)
+    carry = loop.initial_state().carry
+    carry = carry._replace(diverged_at=jnp.asarray([-1, 0], jnp.int32))  # replica 1 marked diverged, model finite
+    kept = np.asarray(carry.server.x[1])
+    part = run.timeline.chunk_inputs(run.placed.inputs, 0, 4, carry)
+    new, records = loop.chunk_fns[True](carry, part, run.placed.hp, run.placed.keys, run.placed.data)
+    recorded = np.asarray(records["trajectory/000"])
+    assert recorded.shape == (2, 4, X0.size)
+    np.testing.assert_array_equal(recorded[1], np.broadcast_to(kept, (4, X0.size)))
+    np.testing.assert_array_equal(recorded[0, -1], np.asarray(new.server.x[0]))
+    assert np.abs(recorded[0, -1] - recorded[0, 0]).max() > 1e-3
