@@ -44,12 +44,11 @@ def precision_dtype(precision: str) -> Any:
 
 
 def float_dtype(*arrays: Any) -> Any:
-    """The float dtype a computation on ``arrays`` should use: float64 when one of them is float64 (a float64 run),
-    else float32. Used where a value is built from integers (staleness, counts) so that it follows the run's
-    precision."""
-    for a in arrays:
-        if getattr(a, "dtype", None) == jnp.float64:
-            return jnp.float64
+    """The float dtype a computation on ``arrays`` should use: float64 when one of them is float64 and x64 is on (a
+    float64 run), else float32. Used where a value is built from integers (staleness, counts) or quantized, so that
+    it follows the run's precision."""
+    if jax.config.jax_enable_x64 and any(getattr(a, "dtype", None) == jnp.float64 for a in arrays):
+        return jnp.float64
     return jnp.float32
 
 

@@ -103,20 +103,23 @@ def test_off_by_default_and_the_program_records_nothing():
     assert run.program.record is None and run.trajectory is None
 
 
-def test_resumed_run_has_the_uninterrupted_trajectory(tmp_path):
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+def test_resumed_run_has_the_uninterrupted_trajectory(tmp_path, precision):
     folder = str(tmp_path / "ckpt")
-    whole = _run(trajectory=True, eval_every=4)
+    whole = _run(trajectory=True, eval_every=4, precision=precision)
 
     def interrupt(update):
         if update.step == 8:
             raise KeyboardInterrupt
 
     with pytest.raises(SimulationInterrupted):
-        _run(trajectory=True, eval_every=4, checkpoint_dir=folder, callbacks=[interrupt])
+        _run(trajectory=True, eval_every=4, checkpoint_dir=folder, callbacks=[interrupt], precision=precision)
     with pytest.raises(CheckpointMismatchError, match="trajectory"):  # a run without a trajectory cannot use it
-        _run(eval_every=4, checkpoint_dir=folder, resume=True)
-    resumed = _run(trajectory=True, eval_every=4, checkpoint_dir=folder, resume=True)
+        _run(eval_every=4, checkpoint_dir=folder, resume=True, precision=precision)
+    resumed = _run(trajectory=True, eval_every=4, checkpoint_dir=folder, resume=True, precision=precision)
+    assert resumed.trajectory.dtype == np.dtype(precision)
     np.testing.assert_array_equal(resumed.trajectory, whole.trajectory)
+    np.testing.assert_array_equal(resumed.final_params, whole.final_params)
 
 
 def test_too_large_a_trajectory_is_refused_before_compiling(monkeypatch):

@@ -11,6 +11,7 @@ from asyncfl_jax.engine.callbacks import Checkpoints, DivergenceWarnings, Progre
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.loop import HostLoop, check_count, prepare_run
 from asyncfl_jax.engine.placement import make_placement
+from asyncfl_jax.precision import check_precision, precision_scope
 from asyncfl_jax.results import History
 from asyncfl_jax.task import Task
 
@@ -77,7 +78,16 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
     check_count("checkpoint_every", checkpoint_every)
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs a checkpoint_dir to resume from")
-    placement = make_placement(shard_jobs, shard_replicas, shard_clients)
+    with precision_scope(check_precision(precision)):  # a restored float64 checkpoint needs x64 too
+        return _simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label,
+                         make_placement(shard_jobs, shard_replicas, shard_clients), lookahead, checkpoint_dir,
+                         checkpoint_every, resume, callbacks, precision, trajectory)
+
+
+def _simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
+              hparams: Mapping[str, Any] | None, eval_every: int, progress: bool, label: str | None, placement: Any,
+              lookahead: int, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
+              callbacks: Sequence[Any], precision: str, trajectory: Any) -> History:
     run = prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
                       precision=precision, trajectory=trajectory)
     budget = run.budget()
