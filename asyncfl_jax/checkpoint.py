@@ -90,9 +90,12 @@ class SimulationInterrupted(KeyboardInterrupt):
 
 # ---------------------------------------------------------------------------------------------------- identity
 def hash_arrays(tree: Any) -> str:
-    """SHA-256 of every leaf of ``tree`` (dtype, shape and bytes), in tree order."""
+    """SHA-256 of every leaf of ``tree`` (dtype, shape and bytes), in tree order (arrays split across the processes
+    of a multi-process run are gathered first: every process must call it)."""
+    from asyncfl_jax.distributed import to_host
+
     h = hashlib.sha256()
-    for leaf in jax.tree_util.tree_leaves(tree):
+    for leaf in jax.tree_util.tree_leaves(to_host(tree)):
         a = np.ascontiguousarray(np.asarray(leaf))
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(a.reshape(-1).view(np.uint8).tobytes())

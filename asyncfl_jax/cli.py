@@ -65,6 +65,12 @@ def _build_parser() -> argparse.ArgumentParser:
                           "and hyper-parameters) as JSON, a template for --config, and exit")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-plot", action="store_true", help="do not write accuracy.png")
+    multi = run.add_argument_group("many processes (jax.distributed; see docs/simulator.md, \"Many processes\")")
+    multi.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address (env ASYNCFL_COORDINATOR)")
+    multi.add_argument("--num-processes", type=int, metavar="N", help="processes of the run (env ASYNCFL_NUM_PROCESSES)")
+    multi.add_argument("--process-id", type=int, metavar="I", help="this process, 0..N-1 (env ASYNCFL_PROCESS_ID)")
+    multi.add_argument("--cluster", action="store_true",
+                       help="let jax.distributed.initialize() read the cluster's environment (SLURM, Open MPI)")
     run.add_argument("--tensorboard", metavar="DIR",
                      help="also write every replica's metrics as TensorBoard scalars under DIR/<run>/<point>/seed<s> "
                           "(needs tensorboardX: pip install 'asyncfl-jax[tensorboard]')")
@@ -379,6 +385,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "algorithms":
         _print_algorithms()
         return 0
+    try:  # before anything touches a JAX device
+        from asyncfl_jax.distributed import initialize_from_options
+
+        initialize_from_options(args.coordinator, args.num_processes, args.process_id, cluster=args.cluster)
+    except ValueError as e:
+        print(f"asyncfl: error: {e}", file=sys.stderr)
+        return 2
     try:
         cfg = _resumed_config(args) if args.resume is not None else _config_from_args(args)
         if args.print_config:  # every option, defaults written out; dataset files need not exist yet

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from asyncfl_jax import checkpoint
+from asyncfl_jax import checkpoint, distributed
 from asyncfl_jax.algorithms import get_algorithm
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.config import ConfigError, ExperimentConfig, RunConfig, algorithm_defaults, resolve, validate
@@ -44,8 +44,8 @@ from asyncfl_jax.results import (
     save_history,
     write_atomic,
     write_client_metrics,
-    write_trajectory,
     write_results,
+    write_trajectory,
 )
 from asyncfl_jax.task import Task, make_task
 from asyncfl_jax.timing.clock import EventClock
@@ -281,7 +281,16 @@ OUTPUT_FILES = ("config.json", "environment.json", "metrics.csv", "summary.json"
 
 def clean_output(output: str) -> None:
     """Deletes what ``asyncfl run`` writes to ``output`` (result files, schedules, checkpoints, saved Histories) and
-    nothing else, so that a run can start over there."""
+    nothing else, so that a run can start over there. In a run over several processes every process calls it and
+    process 0 deletes, between two barriers (every process has looked at the folder before, and sees it clean after).
+    """
+    distributed.sync("clean_output:before")
+    if distributed.is_primary():
+        _clean_output(output)
+    distributed.sync("clean_output:after")
+
+
+def _clean_output(output: str) -> None:
     for name in OUTPUT_FILES:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(output, name))
@@ -324,9 +333,14 @@ def run_config(
     """
     validate(cfg)
     cfg = resolve(cfg)  # config.json holds every default
+    processes = distributed.process_count()
+    if processes > 1 and not (cfg.shard_replicas or cfg.shard_clients):
+        raise ConfigError(f"this run spans {processes} processes (jax.distributed): set shard_replicas or "
+                          "shard_clients (--shard-replicas, --shard-clients) to split it between them")
     environment = {**environment_info(), **invocation_info()} if write else None
     config = cfg.to_dict()
     checkpointing = write and checkpoint_every is not None
+    files = write and distributed.is_primary()  # checkpoints: every process (its shards); other files: process 0
     if checkpointing and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
                           or checkpoint_every < 1):
         raise ConfigError(f"invalid option checkpoint_every = {checkpoint_every!r}: must be an integer >= 1")
@@ -336,13 +350,16 @@ def run_config(
             if status.kind == "different":
                 raise ConfigError(f"cannot resume in {cfg.output}: it holds a different configuration ("
                                   + "; ".join(status.differences) + ")")
+    if write:
+        distributed.sync("run_config:checked")  # every process looked at the output folder before anything is written
+    if files:
         write_atomic(os.path.join(cfg.output, "config.json"), json.dumps(config, indent=2, sort_keys=True) + "\n")
         write_atomic(os.path.join(cfg.output, "environment.json"), environment_json(environment, config))
     task = build_task(cfg)
     histories = []
     for run in cfg.runs:
         schedules = build_schedules(cfg, run)
-        if write and run.protocol.name != "event_clock":  # the exact schedules, to replay the run (schedule_files)
+        if files and run.protocol.name != "event_clock":  # the exact schedules, to replay the run (schedule_files)
             save_schedules(cfg, run, schedules)
         folder = checkpoint_dir_for(cfg.output, run) if checkpointing else None
         meta = {"config": _comparable(config), "run": run.name}
@@ -350,19 +367,21 @@ def run_config(
         if history is not None:
             logger.info("%s: finished earlier; its History is loaded from %s", run.name, folder)
         else:
-            if folder is not None:
+            if folder is not None and distributed.is_primary():
                 remove_history(folder)  # never reuse a History of an earlier configuration
             history = run_experiment(cfg, run, task, schedules, progress=progress, checkpoint_dir=folder,
                                      checkpoint_every=checkpoint_every or 1, resume=resume, callbacks=callbacks)
-            if write and history.realized_schedules is not None:  # the events the clocked run went through
+            if files and history.realized_schedules is not None:  # the events the clocked run went through
                 save_realized_schedules(cfg, run, history)
-            if write:  # now, not with the results: a finished run's History is reloaded without its trajectory
+            if files:  # now, not with the results: a finished run's History is reloaded without its trajectory
                 write_trajectory(cfg.output, history)
-            if folder is not None:
+            if folder is not None and distributed.is_primary():
                 save_history(history, folder, meta)
                 checkpoint.clear(folder)  # the History holds all that is left to know
+            if folder is not None:
+                distributed.sync(f"run_config:{run.name}")  # every process sees the run finished
         histories.append(history)
-    if write:
+    if files:
         write_results(cfg.output, config, histories, plot=plot, environment=environment)
         for history in histories:
             write_client_metrics(cfg.output, history)

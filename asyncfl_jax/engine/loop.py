@@ -20,10 +20,11 @@ import numpy as np
 from asyncfl_jax import checkpoint
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig, check_optimizer_hparams
+from asyncfl_jax.distributed import check_same_everywhere, to_host
 from asyncfl_jax.engine.budget import MemoryBudget, memory_budget
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, stack_hparams
-from asyncfl_jax.engine.placement import Placed, ShardJobs, SingleDevice
+from asyncfl_jax.engine.placement import Placed, ShardJobs, SingleDevice, check_processes
 from asyncfl_jax.engine.step import Program
 from asyncfl_jax.engine.timelines import make_timeline
 from asyncfl_jax.precision import cast_task, check_precision, precision_dtype, precision_scope
@@ -177,6 +178,7 @@ def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalC
     eval_every = check_count("eval_every", eval_every)
     timeline = make_timeline(schedules, seeds, replicas, task.num_clients, eval_every, lookahead)
     placement.check(len(replicas), task.num_clients)
+    check_processes(placement)
     task = cast_task(task, precision)
     program = timeline.program(task, algorithm, local, placement.constrain_jobs)
     data = task_arrays(task)
@@ -185,6 +187,8 @@ def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalC
         record_shape = trajectory_shape(record, data.x0, len(replicas), timeline.num_steps)
         program = dataclasses.replace(program, record=record)
     hp, keys = stack_hparams(replicas, precision_dtype(precision)), replica_keys(replicas)
+    check_same_everywhere("run inputs (data, schedules or clocks, seeds, hyper-parameters)",
+                          (hp, keys, data, timeline.inputs))
     init = jax.vmap(program.init, in_axes=(timeline.input_axes, 0, 0, None))
     carry_shape = jax.eval_shape(init, timeline.inputs, hp, keys, data)
     placed = placement.place(carry_shape, hp, keys, data, timeline.inputs, timeline.input_axes, program)
@@ -279,11 +283,10 @@ class HostLoop:
         t0 = time.perf_counter()
         if carry is None:
             carry = self.init_fn(placed.inputs, placed.hp, placed.keys, placed.data)
-        first = self.eval_fn(carry.server, placed.data)
-        jax.block_until_ready(first)
+        first = to_host(self.eval_fn(carry.server, placed.data))
         traces = {}
         if self.run_spec.trajectory is not None:  # x_0's record: the trajectory's step axis starts at 0
-            traces = {k: [np.asarray(v)[:, None]] for k, v in self.record_fn(carry.server).items()}
+            traces = {k: [np.asarray(v)[:, None]] for k, v in to_host(self.record_fn(carry.server)).items()}
         return checkpoint.LoopState(
             next_chunk=0, eval_steps=[0], metrics={k: [np.asarray(first[k])] for k in self.run_spec.metrics},
             reported=set(),
@@ -354,7 +357,8 @@ class HostLoop:
         run, placed, state = self.run_spec, self.run_spec.placed, self.state
         start = state.next_chunk * run.eval_every
         stop = min(start + run.eval_every, run.num_steps)
-        part = run.timeline.chunk_inputs(placed.inputs, start, stop, state.carry)
+        part = run.placement.place_chunk(run.timeline.chunk_inputs(placed.inputs, start, stop, state.carry),
+                                         run.timeline.chunk_axes)
         frozen = bool(state.reported)  # once a replica has diverged it is frozen (Program.frozen_advance)
         variant = (stop - start, frozen)
         if variant not in self.compiled:
@@ -366,8 +370,8 @@ class HostLoop:
         carry, records = self.compiled[variant](state.carry, part, placed.hp, placed.keys, placed.data)
         jax.block_until_ready(carry)
         seconds = time.perf_counter() - t0
-        metrics = {k: np.asarray(v) for k, v in self.eval_fn(carry.server, placed.data).items()}
-        diverged = np.asarray(carry.diverged_at)
+        # Gathered from every process in a multi-process run (one collective; every process calls it).
+        metrics, diverged, records = to_host((self.eval_fn(carry.server, placed.data), carry.diverged_at, records))
         newly = sorted(set(np.flatnonzero(diverged >= 0).tolist()) - state.reported)
         self.state = dataclasses.replace(  # one assignment: the state is always that of a whole number of chunks
             state, carry=carry, next_chunk=state.next_chunk + 1, eval_steps=[*state.eval_steps, stop],
