@@ -17,7 +17,7 @@ import pytest
 import reference as ref
 from support import CLASSES, FEATURES, toy_problem
 from asyncfl_jax import cli
-from asyncfl_jax.algorithms import ace, ca2fl, fedbuff
+from asyncfl_jax.algorithms import REGISTRY, ace, ca2fl, fedbuff, get_algorithm, with_server_optimizer
 from asyncfl_jax.algorithms.compression import error_feedback
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.config import ConfigError, ExperimentConfig, validate
@@ -33,6 +33,7 @@ LOCAL = LocalConfig(steps=STEPS, batch_size=None)
 SCHEDULE = make_schedule("concurrent", N, T, DelayModel(speed="uniform", speed_low=1.0, speed_high=4.0,
                                                         noise="exponential"),
                          seed=0, concurrency=5, buffer_size=3, refill="immediate")
+SYNC = make_schedule("synchronous", N, 4, DelayModel(), seed=0)
 
 
 def _twice_in_a_step(schedule) -> bool:
@@ -99,16 +100,32 @@ def test_float64_int8_cache_keeps_integer_codes_with_float64_scales():
     assert np.abs(history.final_params[0] - expected).max() < 1e-12
 
 
-@pytest.mark.parametrize("make", [lambda: ace(), lambda: ca2fl(cache="int4", cache_rounding="nearest"),
-                                  lambda: fedbuff(staleness="polynomial"), lambda: error_feedback(fedbuff(), "top_k")],
-                         ids=["ace", "mf_ca2fl_int4", "fedbuff", "fedbuff_ef"])
-def test_every_float_of_the_state_is_float64(make):
-    """The carry (server state, caches, residuals, messages in flight) of a float64 run holds no float32 leaf."""
-    run = prepare_run(TASK, make(), SCHEDULE, LOCAL, precision="float64")
+MAKERS = {name: (lambda name=name: get_algorithm(name)) for name in sorted(REGISTRY)}
+MAKERS.update({"mf_ca2fl_int4": lambda: ca2fl(cache="int4", cache_rounding="nearest"),
+               "ace_int8_absmax": lambda: ace(cache="int8", cache_code="absmax"),
+               "fedbuff_polynomial": lambda: fedbuff(staleness="polynomial"),
+               "fedbuff_ef_qsgd": lambda: error_feedback(fedbuff(), "qsgd"),
+               "fedbuff_adam": lambda: with_server_optimizer(fedbuff(), "adam")})
+
+
+@pytest.mark.parametrize("name", sorted(MAKERS))
+def test_every_float_of_the_state_stays_float64_through_a_chunk(name):
+    """The carry of a float64 run (server state, caches, residuals, memories, messages in flight) holds no float32
+    leaf, before and after a traced chunk of steps (``jax.eval_shape``: a scan whose carry changed dtype would be
+    refused here; nothing is compiled)."""
+    schedule = SYNC if name == "fedavg" else SCHEDULE
+    run = prepare_run(TASK, MAKERS[name](), schedule, LOCAL, precision="float64", eval_every=4)
     floats = [leaf.dtype for leaf in jax.tree_util.tree_leaves(run.carry_shape)
               if jnp.issubdtype(leaf.dtype, jnp.floating)]
     assert floats and all(d == jnp.float64 for d in floats), floats
     assert all(v.dtype == jnp.float64 for v in run.placed.hp.values())
+    with jax.enable_x64(True):
+        part = run.timeline.chunk_inputs(run.placed.inputs, 0, 4, None)
+        advance = jax.vmap(run.program.advance, in_axes=(0, run.timeline.chunk_axes, 0, 0, None))
+        after, _ = jax.eval_shape(advance, run.carry_shape, part, run.placed.hp, run.placed.keys, run.placed.data)
+    assert jax.tree_util.tree_structure(after) == jax.tree_util.tree_structure(run.carry_shape)
+    assert [(a.shape, a.dtype) for a in jax.tree_util.tree_leaves(after)] == \
+        [(a.shape, a.dtype) for a in jax.tree_util.tree_leaves(run.carry_shape)]
 
 
 def test_a_float32_run_is_unchanged_by_a_float64_run_before_it():
