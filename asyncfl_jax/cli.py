@@ -156,6 +156,12 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shard-clients", action="store_true",
                    help="spread the per-client state (n x d caches, error-feedback residuals) over all JAX devices "
                         "along the client axis; the number of clients must be a multiple of the device count")
+    g.add_argument("--precision", choices=["float32", "float64"],
+                   help="float precision of data, model, server state, updates and metrics (default float32; "
+                        "float64 turns on jax_enable_x64 for the run, for exact comparisons with reference code)")
+    g.add_argument("--trajectory", action="store_true",
+                   help="record the flat global model x_t at every server step (small runs) and write it to "
+                        "trajectory/<run>.npz in the results folder (array [replicas, steps + 1, d])")
 
     sub.add_parser("algorithms", help="list the algorithms with their options and hyper-parameters")
     sub.add_parser("presets", help="list the papers' selected settings usable with `asyncfl run --preset`")
@@ -211,6 +217,9 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
             raise ConfigError(f"invalid option --seeds = {args.seeds!r}: must be comma-separated integers") from None
     put("eval_every", args.eval_every)
     put("lookahead", args.lookahead)
+    put("precision", args.precision)
+    if args.trajectory:
+        raw["trajectory"] = True
     if args.shard_jobs:
         raw["shard_jobs"] = True
     if args.shard_replicas:
@@ -307,7 +316,7 @@ _CONFIG_OPTIONS = ("config", "set", "dataset", "data_dir", "num_clients", "parti
                    "local_steps", "batch_size", "lr", "algorithm", "option", "staleness", "normalization", "hparam",
                    "protocol", "concurrency", "buffer_size", "refill", "participants", "steps", "arrivals", "speed",
                    "noise", "seeds", "eval_every", "shard_jobs", "shard_replicas", "shard_clients", "preset",
-                   "lookahead")
+                   "lookahead", "precision", "trajectory")
 
 
 def _resumed_config(args: argparse.Namespace) -> ExperimentConfig:

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from asyncfl_jax.algorithms import REGISTRY, get_algorithm
 from asyncfl_jax.errors import InputError
+from asyncfl_jax.precision import PRECISIONS
 from asyncfl_jax.timing.delays import DelayModel
 
 TFDS_DATASETS = ("tfds/mnist", "tfds/fashion_mnist", "tfds/emnist", "tfds/cifar10", "tfds/cifar100")
@@ -192,7 +193,9 @@ class ExperimentConfig:
     """A whole experiment. ``eval_points``: number of evaluations per run (``eval_every`` overrides it, in steps).
     ``shard_jobs``: spread each step's jobs over all JAX devices; ``shard_replicas``: spread the replicas over them;
     ``shard_clients``: spread the per-client state (caches, residuals) over them along the client axis;
-    ``lookahead``: lookahead batching window ``L`` (1: off; see :func:`asyncfl_jax.engine.simulate`)."""
+    ``lookahead``: lookahead batching window ``L`` (1: off; see :func:`asyncfl_jax.engine.simulate`).
+    ``precision``: ``"float32"`` (default) or ``"float64"`` (:mod:`asyncfl_jax.precision`); ``trajectory``: record the
+    flat global model at every server step (``History.trajectory``, written to ``trajectory/<run>.npz``)."""
 
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -208,6 +211,8 @@ class ExperimentConfig:
     shard_replicas: bool = False
     shard_clients: bool = False
     lookahead: int = 1
+    precision: str = "float32"
+    trajectory: bool = False
     output: str = "runs/default"
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -540,6 +545,10 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     if not isinstance(cfg.shard_clients, bool):
         _fail("shard_clients", cfg.shard_clients, "must be true or false")
     _check_int("lookahead", cfg.lookahead, 1, "must be an integer >= 1 (1: no lookahead batching)")
+    if cfg.precision not in PRECISIONS:
+        _fail("precision", cfg.precision, f"must be one of {list(PRECISIONS)}")
+    if not isinstance(cfg.trajectory, bool):
+        _fail("trajectory", cfg.trajectory, "must be true or false")
     if cfg.shard_jobs and cfg.shard_replicas:
         _fail("shard_replicas", cfg.shard_replicas, "cannot be combined with shard_jobs: choose one axis to spread")
     if cfg.shard_clients and (cfg.shard_jobs or cfg.shard_replicas):

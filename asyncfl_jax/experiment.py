@@ -46,6 +46,7 @@ from asyncfl_jax.results import (
     write_atomic,
     write_client_metrics,
     write_results,
+    write_trajectory,
 )
 from asyncfl_jax.task import Task, make_task
 from asyncfl_jax.timing.clock import EventClock
@@ -181,6 +182,8 @@ def run_experiment(
         checkpoint_every=checkpoint_every,
         resume=resume,
         callbacks=callbacks,
+        precision=cfg.precision,
+        trajectory=cfg.trajectory,
     )
 
 
@@ -372,6 +375,8 @@ def run_config(
                                      checkpoint_every=checkpoint_every or 1, resume=resume, callbacks=callbacks)
             if files and history.realized_schedules is not None:  # the events the clocked run went through
                 save_realized_schedules(cfg, run, history)
+            if files:  # now, not with the results: a finished run's History is reloaded without its trajectory
+                write_trajectory(cfg.output, history)
             if folder is not None and distributed.is_primary():
                 save_history(history, folder, meta)
                 checkpoint.clear(folder)  # the History holds all that is left to know

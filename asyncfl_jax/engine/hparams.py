@@ -107,9 +107,10 @@ def make_replicas(algorithm: Algorithm, seeds: Sequence[int], hparams: Mapping[s
     return replicas
 
 
-def stack_hparams(replicas: Sequence[Replica]) -> dict[str, jax.Array]:
-    """The replicas' hyper-parameters as float32 arrays with a leading replica axis."""
-    return {k: jnp.asarray([r.hparams[k] for r in replicas], jnp.float32) for k in replicas[0].hparams}
+def stack_hparams(replicas: Sequence[Replica], dtype: Any = jnp.float32) -> dict[str, jax.Array]:
+    """The replicas' hyper-parameters as ``dtype`` arrays (float32; float64 in a float64 run) with a leading replica
+    axis."""
+    return {k: jnp.asarray([r.hparams[k] for r in replicas], dtype) for k in replicas[0].hparams}
 
 
 def replica_keys(replicas: Sequence[Replica]) -> jax.Array:

@@ -27,7 +27,53 @@ from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, sta
 from asyncfl_jax.engine.placement import Placed, ShardJobs, SingleDevice, check_processes
 from asyncfl_jax.engine.step import Program
 from asyncfl_jax.engine.timelines import make_timeline
+from asyncfl_jax.precision import cast_task, check_precision, precision_dtype, precision_scope
 from asyncfl_jax.task import Task, task_arrays
+
+MAX_TRAJECTORY_BYTES = 1 << 30  # the largest trajectory (replicas x (steps + 1) x one record) a run may record
+
+
+def trajectory_function(trajectory: Any) -> Callable[[jax.Array], Any] | None:
+    """The record function of the ``trajectory`` option: None or False (off), True (the flat global model), or a
+    function of the flat global model returning an array or a pytree of arrays; anything else is refused."""
+    if trajectory is None or trajectory is False:
+        return None
+    if trajectory is True:
+        return _flat_model
+    if callable(trajectory):
+        return trajectory
+    raise ValueError(f"trajectory must be True, False/None, or a function of the flat global model (e.g. "
+                     f"lambda x: x[:10]), got {trajectory!r}")
+
+
+def _flat_model(flat: jax.Array) -> jax.Array:
+    return flat
+
+
+def trajectory_shape(record: Callable[[jax.Array], Any], x0: jax.Array, num_replicas: int, num_steps: int,
+                     limit: int | None = None) -> Any:
+    """The shapes of one record of ``record(x0)`` (``jax.eval_shape``; nothing is compiled), after checking that
+    the whole trajectory, ``num_replicas x (num_steps + 1) x`` the record's bytes, stays within ``limit`` (default
+    :data:`MAX_TRAJECTORY_BYTES`, 1 GiB: the trajectory is kept in host memory and each chunk's part on the device
+    before it is copied out)."""
+    limit = MAX_TRAJECTORY_BYTES if limit is None else limit
+    try:
+        shape = jax.eval_shape(record, jax.ShapeDtypeStruct(x0.shape, x0.dtype))
+    except Exception as e:  # noqa: BLE001  (whatever the user's function raises while traced)
+        raise ValueError(f"the trajectory function cannot be traced on the flat model (float [{x0.shape[0]}]): "
+                         f"{type(e).__name__}: {e}") from None
+    leaves = jax.tree_util.tree_leaves(shape)
+    if not leaves or not all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves):
+        raise ValueError("the trajectory function must return an array or a pytree of arrays, got "
+                         f"{jax.tree_util.tree_structure(shape)}")
+    per_record = sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in leaves)
+    total = num_replicas * (num_steps + 1) * per_record
+    if total > limit:
+        raise ValueError(f"the trajectory would take {total / 2**20:.1f} MiB ({num_replicas} replicas x "
+                         f"{num_steps + 1} models x {per_record} bytes), more than the limit of {limit / 2**20:.0f} "
+                         "MiB: record fewer values (trajectory=lambda x: x[:k], or a summary such as a norm), fewer "
+                         "steps or fewer replicas")
+    return shape
 
 
 def metric_shapes(program: Program, data: Any, num_clients: int) -> dict[str, tuple[int, ...]]:
@@ -81,6 +127,8 @@ class Run:
     carry_shape: Any
     eval_every: int
     metrics: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # name -> shape (metric_shapes)
+    precision: str = "float32"  # the run's float precision (asyncfl_jax.precision)
+    trajectory: Any = None  # the shapes of one trajectory record (trajectory_shape), None when off
 
     @property
     def num_steps(self) -> int:
@@ -108,11 +156,24 @@ class Run:
 def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None = None,
                 seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None, eval_every: int = 100,
                 label: str | None = None, placement: SingleDevice | None = None, lookahead: int = 1,
-                replicas: Sequence[Replica] | None = None) -> Run:
+                replicas: Sequence[Replica] | None = None, precision: str = "float32",
+                trajectory: Any = None) -> Run:
     """Validates and prepares a run (see :func:`~asyncfl_jax.engine.simulate.simulate` for the arguments).
 
     ``replicas`` (optional) gives the replicas directly (e.g. from :func:`make_replicas`) instead of ``seeds`` x
-    ``hparams``; schedules given one per seed are then matched to the replicas' distinct seeds in order."""
+    ``hparams``; schedules given one per seed are then matched to the replicas' distinct seeds in order. The task is
+    converted to ``precision`` (:func:`~asyncfl_jax.precision.cast_task`) inside the precision's scope."""
+    precision = check_precision(precision)
+    record = trajectory_function(trajectory)
+    with precision_scope(precision):
+        return _prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
+                            replicas, precision, record)
+
+
+def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
+                 hparams: Mapping[str, Any] | None, eval_every: int, label: str | None,
+                 placement: SingleDevice | None, lookahead: int, replicas: Sequence[Replica] | None, precision: str,
+                 record: Callable[[jax.Array], Any] | None) -> Run:
     lookahead = check_count("lookahead", lookahead, note=" (1: off)")
     check_model_outputs(task)
     placement = placement or SingleDevice()
@@ -133,8 +194,14 @@ def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCo
     timeline = make_timeline(schedules, seeds, replicas, task.num_clients, eval_every, lookahead)
     placement.check(len(replicas), task.num_clients)
     check_processes(placement)
+    task = cast_task(task, precision)
     program = timeline.program(task, algorithm, local, placement.constrain_jobs)
-    hp, keys, data = stack_hparams(replicas), replica_keys(replicas), task_arrays(task)
+    data = task_arrays(task)
+    record_shape = None
+    if record is not None:
+        record_shape = trajectory_shape(record, data.x0, len(replicas), timeline.num_steps)
+        program = dataclasses.replace(program, record=record)
+    hp, keys = stack_hparams(replicas, precision_dtype(precision)), replica_keys(replicas)
     check_same_everywhere("run inputs (data, schedules or clocks, seeds, hyper-parameters)",
                           (hp, keys, data, timeline.inputs))
     init = jax.vmap(program.init, in_axes=(timeline.input_axes, 0, 0, None))
@@ -142,7 +209,7 @@ def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCo
     placed = placement.place(carry_shape, hp, keys, data, timeline.inputs, timeline.input_axes, program)
     metrics = metric_shapes(program, data, task.num_clients)
     return Run(label or algorithm.name, task, algorithm, local, replicas, timeline, program, placement, placed,
-               carry_shape, eval_every, metrics)
+               carry_shape, eval_every, metrics, precision, record_shape)
 
 
 @dataclasses.dataclass
@@ -207,6 +274,7 @@ class HostLoop:
             return jax.lax.map(lambda p: evaluate(p, data), jax.vmap(algorithm.params)(server))
 
         self.eval_fn = eval_fn
+        self.record_fn = jax.jit(jax.vmap(program.trajectory_record))  # x_0's record (the trajectory's first)
         self.state: checkpoint.LoopState | None = None
         self.compiled: dict[tuple[int, bool], Any] = {}
         self.loop_compile_seconds = 0.0
@@ -231,10 +299,14 @@ class HostLoop:
         if carry is None:
             carry = self.init_fn(placed.inputs, placed.hp, placed.keys, placed.data)
         first = to_host(self.eval_fn(carry.server, placed.data))
+        traces = {}
+        if self.run_spec.trajectory is not None:  # x_0's record: the trajectory's step axis starts at 0
+            traces = {k: [np.asarray(v)[:, None]] for k, v in to_host(self.record_fn(carry.server)).items()}
         return checkpoint.LoopState(
             next_chunk=0, eval_steps=[0], metrics={k: [np.asarray(first[k])] for k in self.run_spec.metrics},
             reported=set(),
-            stopped_early=False, compile_seconds=time.perf_counter() - t0, run_seconds=0.0, carry=carry)
+            stopped_early=False, compile_seconds=time.perf_counter() - t0, run_seconds=0.0, carry=carry,
+            traces=traces)
 
     def restored(self, state: checkpoint.LoopState) -> checkpoint.LoopState:
         """A restored state with its carry on the devices a fresh run's carry would be (the same programs)."""
@@ -261,7 +333,12 @@ class HostLoop:
 
     # ------------------------------------------------------------------------------------------------ running
     def run(self, state: checkpoint.LoopState | None = None) -> checkpoint.LoopState:
-        """Runs the remaining chunks from ``state`` (restored) or from the start; returns the final state."""
+        """Runs the remaining chunks from ``state`` (restored) or from the start; returns the final state (in the
+        run's precision scope, :func:`~asyncfl_jax.precision.precision_scope`)."""
+        with precision_scope(self.run_spec.precision):
+            return self._run(state)
+
+    def _run(self, state: checkpoint.LoopState | None) -> checkpoint.LoopState:
         self.state = self.initial_state() if state is None else self.restored(state)
         self._compile_before, self._run_before = self.state.compile_seconds, self.state.run_seconds
         self._start_wall = time.perf_counter()
