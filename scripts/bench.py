@@ -40,8 +40,11 @@ What it measures (everything in the same run, so ratios are meaningful on a nois
   with the MemoryBudget (known before compiling) and the process's peak RSS of each run; float32 caches where they
   fit, else int8, and int8 also at the largest n. Beyond ``real_init_max_n`` ACE starts from a zero state of the
   carry's shapes (see ``bench_scale.py``: the engine's init unrolls n / 256 groups of jobs and compiles for minutes).
-* ``replicas``: wall time per server step as the vmapped replica axis (client learning rates x seeds) grows 1 -> 64,
-  FedBuff (the setting above) and ACE (n=1000, from a zero state), logistic regression, on one device.
+* ``replicas``: wall time per server step as the replica axis (client learning rates x seeds) grows 1 -> 64,
+  FedBuff (the setting above; logistic regression and the MLP) and ACE (n=1000, logistic regression, from a zero
+  state): the replicas vmapped on one device and spread over the host devices (``shard_replicas``), printed as
+  "total arrivals/s of R replicas / one replica" (= R replicas together / the R run one by one); for the MLP also
+  the local-training GFLOP/s over the matmul rate measured right after each row.
 * ``compile``: the compile time of the default experiment (``asyncfl run`` with no options, ``ExperimentConfig()``)
   as ``History.compile_seconds`` reports it, and its wall time.
 * ``schedules``: wall time of ``make_schedule`` for 1M arrivals (all_active n=100k, T=1M; concurrent n=100k,
@@ -452,12 +455,19 @@ def print_scaling(sc: dict[str, Any]) -> None:
 
 
 def print_replicas(rp: dict[str, Any]) -> None:
-    print("replicas: wall time per server step (best chunk) as the vmapped replica axis (client lr x seeds) grows, "
-          "logreg, one device")
+    print("replicas: total arrivals/s of R replicas / one replica on one device (= R replicas together / the R run "
+          "one by one), best chunk; vmapped on one device | spread over the host devices (shard_replicas)")
     for name, block in rp.items():
-        cells = ", ".join(f"R={r['replicas']}: {r['seconds_per_step'] * 1e3:.2f} ms ({r['relative_to_one']:.2f}x)"
-                          for r in block["rows"])
-        print(f"  {name} (n={block['num_clients']}): {cells}")
+        print(f"  {name} (n={block['num_clients']}, {block.get('devices', 1)} devices):")
+        for r in block["rows"]:
+            sharded = (f" | sharded {r['sharded_seconds_per_step'] * 1e3:8.2f} ms/step "
+                       f"{r['sharded_throughput_vs_one']:5.2f}x" if "sharded_throughput_vs_one" in r else "")
+            gflops = "".join(f"; local {r[f'{k}local_gflops']:.1f} GFLOP/s"
+                             + (f" = {r[f'{k}fraction_of_matmul']:.0%} of matmul" if f"{k}fraction_of_matmul" in r
+                                else "") + f" ({'sharded' if k else 'one device'})"
+                             for k in ("", "sharded_") if f"{k}local_gflops" in r)
+            print(f"    R={r['replicas']:>2}: one device {r['seconds_per_step'] * 1e3:8.2f} ms/step "
+                  f"{r['throughput_vs_one']:5.2f}x{sharded}{gflops}")
     print(RULE)
 
 
@@ -580,11 +590,28 @@ def targets_of(res: dict[str, Any]) -> list[dict[str, Any]]:
         targets.append(_target("CA2FL: engine / per-event loop (informational)", a["speedup_best"]["1"],
                                TARGET_SPEEDUP, note=f"(whole runs: {a['speedup']['1']:.2f}x)"))
     count, ratio = bench_scale.TARGET_REPLICAS
+    count_t, ratio_t = bench_scale.TARGET_REPLICA_THROUGHPUT
     for name, block in res.get("replicas", {}).items():
         rows = {r["replicas"]: r for r in block["rows"]}
         if count in rows:
             targets.append(_target(f"{name}: wall time of {count} replicas / one replica", rows[count]["relative_to_one"],
                                    ratio, op="<="))
+        if count_t in rows:
+            r = rows[count_t]
+            targets.append(_target(f"{name}: total arrivals/s of {count_t} replicas / one replica",
+                                   r["best_throughput_vs_one"], ratio_t, note=f"({r['best_placement']}; one device: "
+                                   f"{r['throughput_vs_one']:.2f}x)"))
+        several = [r for r in rows.values() if r["replicas"] > 1]
+        if several:  # R = 1 is 1.0 by definition
+            worst = min(several, key=lambda r: r["best_throughput_vs_one"])
+            targets.append(_target(f"{name}: R replicas together / the R run one by one, worst R "
+                                   f"(R = {worst['replicas']})", worst["best_throughput_vs_one"], 1.0,
+                                   note=f"({worst['best_placement']})"))
+        mlp = [r for r in rows.values() if "fraction_of_matmul" in r or "sharded_fraction_of_matmul" in r]
+        if mlp:
+            best = max(max(r.get("fraction_of_matmul", 0.0), r.get("sharded_fraction_of_matmul", 0.0)) for r in mlp)
+            targets.append(_target(f"{name}: local-training GFLOP/s / matmul rate measured after it (best R)", best,
+                                   bench_scale.TARGET_LOCAL_MATMUL_FRACTION))
     if res.get("compile"):
         targets.append(_target("default experiment: compile seconds (all runs)", res["compile"]["compile_seconds_total"],
                                bench_scale.TARGET_COMPILE_SECONDS, op="<="))
@@ -707,7 +734,8 @@ def main(argv=None) -> int:
     if "replicas" in parts:
         log("5. replicas: wall time as the vmapped replica axis grows")
         t0 = time.perf_counter()
-        res["replicas"] = bench_scale.run_replicas(ds, scale_plan["replicas"])
+        res["replicas"] = bench_scale.run_replicas(ds, scale_plan["replicas"],
+                                                   probe=make_matmul_probe() if mode != "smoke" else None)
         seconds["replicas"] = time.perf_counter() - t0
 
     if "compile" in parts:

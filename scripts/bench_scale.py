@@ -62,6 +62,8 @@ REPLICA_LRS = (0.01, 0.02, 0.05, 0.1)  # replica sweep: client learning rates x 
 
 TARGET_SPEEDUP = 30.0  # FedBuff and ACE: engine >= 30x the per-event loop (client updates per second)
 TARGET_REPLICAS = (16, 3.0)  # 16 replicas in <= 3x the wall time of one
+TARGET_LOCAL_MATMUL_FRACTION = 0.7  # MLP local training >= 70% of the f32 matmul rate measured in the same run
+TARGET_REPLICA_THROUGHPUT = (8, 1.5)  # 8 replicas deliver >= 1.5x the total arrivals/s of one (and >= 1x at every R)
 TARGET_COMPILE_SECONDS = 20.0  # the default experiment compiles in <= 20 s
 
 # Per mode: step counts and sizes of each part.
@@ -70,7 +72,8 @@ PLANS = {
         "ace": {"chunk": 500, "chunks": 5, "baseline": 1000, "lookaheads": (8, 32, 64), "num_clients": 1000},
         "ca2fl": {"chunk": 100, "chunks": 4, "baseline": 100, "num_clients": 100},
         "scaling": {"ns": (100, 1000, 10_000, 100_000), "ace": (200, 4), "ca2fl": (15, 4), "real_init_max_n": 1000},
-        "replicas": {"counts": (1, 2, 4, 8, 16, 32, 64), "fedbuff": (10, 5), "ace": (200, 4), "ace_clients": 1000},
+        "replicas": {"counts": (1, 2, 4, 8, 16, 32, 64), "fedbuff": (10, 5), "fedbuff_mlp": (4, 3), "ace": (200, 4),
+                     "ace_clients": 1000},
         "compile": {"arrivals": None},
     },
     "quick": {
@@ -78,7 +81,8 @@ PLANS = {
         "ca2fl": {"chunk": 50, "chunks": 3, "baseline": 50, "num_clients": 100},
         "scaling": {"ns": (100, 10_000), "ace": (200, 3), "ca2fl": (10, 3), "real_init_max_n": 1000,
                     "sharded_jobs": False, "int8_at_largest": False},
-        "replicas": {"counts": (1, 16), "fedbuff": (10, 3), "ace": (100, 3), "ace_clients": 1000},
+        "replicas": {"counts": (1, 8, 16), "fedbuff": (10, 3), "fedbuff_mlp": (3, 3), "ace": (100, 3),
+                     "ace_clients": 1000},
         "compile": {"arrivals": 600},  # the same programs as the default's 3,000 (chunks of T / 30 steps), run shorter
     },
     "smoke": {  # the smallest sizes (tests): the code paths, not the sweeps; numbers meaningless
@@ -731,47 +735,88 @@ def replica_list(algorithm, count: int, fixed: dict[str, float]):
     return make_replicas(algorithm, list(range(count // k)), {**fixed, "client_lr": list(REPLICA_LRS[:k])})
 
 
-def run_replicas(ds: Dataset, plan: dict[str, Any]) -> dict[str, Any]:
-    """Wall time per server step (best timed chunk) as the vmapped replica axis grows (a seed x learning-rate sweep),
-    logistic regression: FedBuff in bench.py's setting and ACE (n = 1000, from a zero state), every count on one
-    device (no sharding: on a shared 2-core machine spreading the jobs or replicas over 2 devices makes the ratios
-    depend on what else runs; ``simulate(shard_replicas=True)`` spreads them)."""
+def _replica_setup(name: str, ds: Dataset, T: int, plan: dict[str, Any]):
+    """(algorithm, local, schedule, fixed hyper-parameters, task, n, zero_init) of one replica-sweep workload:
+    ``fedbuff`` / ``fedbuff_mlp`` (bench.py's FedBuff setting, logistic regression / MLP 784-200-200-10) or ``ace``
+    (n = ``plan["ace_clients"]``, logistic regression, from a zero state)."""
+    if name in ("fedbuff", "fedbuff_mlp"):
+        algorithm, local, schedule, hparams = _ca2fl_setup(CA2FL["num_clients"], T, name="fedbuff")
+        n, model, zero_init = CA2FL["num_clients"], ("mlp" if name == "fedbuff_mlp" else "logreg"), False
+    elif name == "ace":
+        n, model, zero_init = plan["ace_clients"], "logreg", True
+        algorithm, local, schedule, hparams = _ace_setup(n, T)
+    else:
+        raise ValueError(f"replicas part: unknown workload {name!r} (fedbuff, fedbuff_mlp, ace)")
+    task = make_task(ds, partition("iid", ds.train_y, n, SEED),
+                     make_model(model, ds.input_shape, ds.num_classes, seed=SEED), seed=SEED)
+    return algorithm, local, schedule, {k: v for k, v in hparams.items() if k != "client_lr"}, task, n, zero_init
+
+
+def run_replicas(ds: Dataset, plan: dict[str, Any], probe=None) -> dict[str, Any]:
+    """Throughput as the replica axis grows (a seed x learning-rate sweep), measured in one process.
+
+    For every count R: the best timed chunk's wall time per server step with the R replicas vmapped on one device
+    and, when there are several (host) devices and they divide R, with the replica axis spread over them
+    (``shard_replicas``, one XLA device per core, as ``simulate(shard_replicas=True)``). Reported as ratios:
+
+    * ``throughput_vs_one`` = (total arrivals/s of R replicas) / (arrivals/s of one replica on one device)
+      = R t_1 / t_R; the same number is "R replicas together vs the R run one by one" (R runs of one replica take
+      R t_1: same shapes, compiled once);
+    * ``best_throughput_vs_one``: the better of the two placements (what a user gets with the right option).
+
+    With ``probe`` (a matmul-rate probe), every row of the MLP workload also gives its local-training GFLOP/s and the
+    fraction of the matmul rate measured right after it."""
     out = {}
-    for name in plan.get("algorithms", ("fedbuff", "ace")):
+    ndev = jax.device_count()
+    for name in plan.get("algorithms", ("fedbuff", "fedbuff_mlp", "ace")):
         chunk_len, chunks = plan[name]
         T = chunk_len * chunks
-        if name == "fedbuff":
-            algorithm, local, schedule, hparams = _ca2fl_setup(CA2FL["num_clients"], T, name="fedbuff")
-            n = CA2FL["num_clients"]
-        else:
-            n = plan["ace_clients"]
-            algorithm, local, schedule, hparams = _ace_setup(n, T)
-        task = make_task(ds, partition("iid", ds.train_y, n, SEED),
-                         make_model("logreg", ds.input_shape, ds.num_classes, seed=SEED), seed=SEED)
+        algorithm, local, schedule, fixed, task, n, zero_init = _replica_setup(name, ds, T, plan)
+        flops_job = local_flops_per_job(task.model, task_arrays(task).train, local, task.loss) \
+            if name == "fedbuff_mlp" else math.nan
         rows = []
         for count in plan["counts"]:
-            replicas = replica_list(algorithm, count, {k: v for k, v in hparams.items() if k != "client_lr"})
-            shard = None  # every count on one device: the ratios measure the vmapped replica axis alone
-            gc.collect()
-            reset_peak_rss()
-            eng = bench_engine(task, algorithm, local, schedule, chunk_len, replicas, shard=shard, full_eval=False,
-                               zero_init=(name == "ace"))
-            eng.pop("_params_after_first_chunk", None)
-            rows.append({"replicas": count, "shard": eng["shard"],
-                         "seconds_per_step": min(eng["chunk_seconds"]) / chunk_len,  # the best timed chunk
-                         "mean_seconds_per_step": eng["seconds_per_step"],
-                         "updates_per_second": eng["updates_per_second"], "timed_steps": eng["timed_steps"],
-                         "compile_seconds": eng["compile_seconds"], "peak_rss_bytes": peak_rss_bytes(),
-                         "state_bytes": sum(eng["memory_budget"][k] for k in ("server_bytes", "clients_bytes",
-                                                                              "pending_bytes"))})
-            rel = rows[-1]["seconds_per_step"] / rows[0]["seconds_per_step"]
-            log(f"  [{name} R={count:>2}] {rows[-1]['seconds_per_step'] * 1e3:8.2f} ms/step = {rel:5.2f}x one replica "
-                f"(shard: {eng['shard']}; compile {eng['compile_seconds']:.1f} s)")
-            jax.clear_caches()
-        one = rows[0]["seconds_per_step"]
-        for r in rows:
-            r["relative_to_one"] = r["seconds_per_step"] / one
-        out[name] = {"num_clients": n, "rows": rows, "steps": {"chunk": chunk_len, "chunks": chunks}}
+            replicas = replica_list(algorithm, count, fixed)
+            row = {"replicas": count}
+            shards = [None] + (["replicas"] if ndev > 1 and count > 1 and count % ndev == 0 else [])
+            for shard in shards:
+                gc.collect()
+                reset_peak_rss()
+                eng = bench_engine(task, algorithm, local, schedule, chunk_len, replicas, shard=shard,
+                                   full_eval=False, zero_init=zero_init)
+                eng.pop("_params_after_first_chunk", None)
+                key = "" if shard is None else "sharded_"
+                best = min(eng["chunk_seconds"])
+                row.update({f"{key}seconds_per_step": best / chunk_len,  # the best timed chunk
+                            f"{key}mean_seconds_per_step": eng["seconds_per_step"],
+                            f"{key}updates_per_second": eng["updates_per_second"],
+                            f"{key}compile_seconds": eng["compile_seconds"],
+                            f"{key}peak_rss_bytes": peak_rss_bytes()})
+                if name == "fedbuff_mlp":
+                    jobs_per_chunk = count * eng["timed_computed_jobs"] / max(len(eng["chunk_seconds"]), 1)
+                    row[f"{key}local_gflops"] = flops_job * jobs_per_chunk / best / 1e9
+                    if probe is not None:
+                        row[f"{key}matmul_gflops"] = probe()
+                        row[f"{key}fraction_of_matmul"] = row[f"{key}local_gflops"] / row[f"{key}matmul_gflops"]
+                if shard is None:
+                    row.update({"shard": None, "timed_steps": eng["timed_steps"], "state_bytes": sum(
+                        eng["memory_budget"][k] for k in ("server_bytes", "clients_bytes", "pending_bytes"))})
+                jax.clear_caches()
+            rows.append(row)
+            one = rows[0]["seconds_per_step"]
+            row["relative_to_one"] = row["seconds_per_step"] / one
+            row["throughput_vs_one"] = count * one / row["seconds_per_step"]
+            if "sharded_seconds_per_step" in row:
+                row["sharded_throughput_vs_one"] = count * one / row["sharded_seconds_per_step"]
+            row["best_throughput_vs_one"] = max(row["throughput_vs_one"], row.get("sharded_throughput_vs_one", 0.0))
+            row["best_placement"] = "one device" if row["best_throughput_vs_one"] == row["throughput_vs_one"] \
+                else f"shard_replicas over {ndev} devices"
+            sharded = (f"; over {ndev} devices {row['sharded_seconds_per_step'] * 1e3:8.2f} ms/step = "
+                       f"{row['sharded_throughput_vs_one']:5.2f}x" if "sharded_throughput_vs_one" in row else "")
+            log(f"  [{name} R={count:>2}] one device {row['seconds_per_step'] * 1e3:8.2f} ms/step: total arrivals/s "
+                f"= {row['throughput_vs_one']:5.2f}x one replica{sharded}")
+        out[name] = {"num_clients": n, "rows": rows, "steps": {"chunk": chunk_len, "chunks": chunks},
+                     "devices": ndev, "local_flops_per_job": flops_job}
     return out
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from asyncfl_jax.reproduce import bias_correction as demo
 
 from support import ROOT, script_env
@@ -117,10 +119,17 @@ def test_bench_scale_parts_run_in_the_smallest_mode_and_write_their_json(tmp_pat
     assert [r["zero_init"] for r in rows] == [True, False]  # ACE beyond real_init_max_n starts from a zero state
     replicas = res["replicas"]["ace"]["rows"]
     assert [r["replicas"] for r in replicas] == [1, 2] and replicas[0]["relative_to_one"] == 1.0
+    one, two = replicas
+    assert two["throughput_vs_one"] == pytest.approx(2 * one["seconds_per_step"] / two["seconds_per_step"])
+    if res["replicas"]["ace"]["devices"] == 2:  # (with 2 host devices R = 2 is also run with shard_replicas)
+        assert two["sharded_throughput_vs_one"] == pytest.approx(
+            2 * one["seconds_per_step"] / two["sharded_seconds_per_step"])
+    assert two["best_throughput_vs_one"] == max(two["throughput_vs_one"], two.get("sharded_throughput_vs_one", 0.0))
     compiled = res["compile"]
     assert compiled["runs"] and compiled["runs"][0]["algorithm"] == "fedbuff"
     assert compiled["compile_seconds_total"] > 0 and compiled["wall_seconds"] >= compiled["compile_seconds_total"]
     names = [t["name"] for t in res["targets"]]
     assert any(n.startswith("ACE: engine (lookahead off)") for n in names)
     assert any(n.startswith("default experiment: compile") for n in names)
+    assert "ace: R replicas together / the R run one by one, worst R (R = 2)" in names
     assert all(t["status"] in ("PASS", "MISS") for t in res["targets"])
