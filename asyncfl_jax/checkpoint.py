@@ -137,13 +137,15 @@ def run_identity(
     shard_replicas: bool = False,
     shard_clients: bool = False,
     trajectory: Any = None,
+    replica_batch: int | None = None,
 ) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: everything that determines the run's result.
 
     The schedules enter as a hash of their arrays; the task as its name, number of clients and parameters, the
     shapes and dtypes of its arrays, a hash of the initial model ``x0`` (the data themselves are not hashed) and its
     evaluation split (held-out fractions and evaluated clients) when it has one. ``trajectory`` (the shapes of one
-    trajectory record, or None) enters only when a trajectory is recorded, so other runs keep their identity.
+    trajectory record, or None) enters only when a trajectory is recorded, and ``replica_batch`` only when set, so
+    other runs keep their identity.
     """
     return _canonical({
         "label": label,
@@ -163,6 +165,7 @@ def run_identity(
         "shard_replicas": bool(shard_replicas),
         "shard_clients": bool(shard_clients),
         **({} if trajectory is None else {"trajectory": tree_signature(trajectory)}),
+        **({} if replica_batch is None else {"replica_batch": int(replica_batch)}),
     })
 
 

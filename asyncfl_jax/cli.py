@@ -150,6 +150,9 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lookahead", type=int, metavar="L",
                    help="lookahead batching: train the jobs of up to L server steps in one vmapped call when the "
                         "schedule allows (default 1: off)")
+    g.add_argument("--replica-batch", type=int, metavar="G",
+                   help="compute the replicas G at a time in each chunk instead of all together (on a CPU, large "
+                        "sweeps of bigger models can run faster per replica; same results up to float rounding)")
     g.add_argument("--shard-replicas", action="store_true",
                    help="spread the replicas (seeds x swept hyper-parameters) over all JAX devices; their number "
                         "must be a multiple of the device count")
@@ -217,6 +220,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
             raise ConfigError(f"invalid option --seeds = {args.seeds!r}: must be comma-separated integers") from None
     put("eval_every", args.eval_every)
     put("lookahead", args.lookahead)
+    put("replica_batch", args.replica_batch)
     put("precision", args.precision)
     if args.trajectory:
         raw["trajectory"] = True
@@ -316,7 +320,7 @@ _CONFIG_OPTIONS = ("config", "set", "dataset", "data_dir", "num_clients", "parti
                    "local_steps", "batch_size", "lr", "algorithm", "option", "staleness", "normalization", "hparam",
                    "protocol", "concurrency", "buffer_size", "refill", "participants", "steps", "arrivals", "speed",
                    "noise", "seeds", "eval_every", "shard_jobs", "shard_replicas", "shard_clients", "preset",
-                   "lookahead", "precision", "trajectory")
+                   "lookahead", "replica_batch", "precision", "trajectory")
 
 
 def _resumed_config(args: argparse.Namespace) -> ExperimentConfig:

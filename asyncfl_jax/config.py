@@ -211,6 +211,7 @@ class ExperimentConfig:
     shard_replicas: bool = False
     shard_clients: bool = False
     lookahead: int = 1
+    replica_batch: int | None = None
     precision: str = "float32"
     trajectory: bool = False
     output: str = "runs/default"
@@ -545,6 +546,11 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     if not isinstance(cfg.shard_clients, bool):
         _fail("shard_clients", cfg.shard_clients, "must be true or false")
     _check_int("lookahead", cfg.lookahead, 1, "must be an integer >= 1 (1: no lookahead batching)")
+    if cfg.replica_batch is not None:
+        _check_int("replica_batch", cfg.replica_batch, 1, "must be null (all replicas together) or an integer >= 1")
+        if cfg.shard_jobs or cfg.shard_replicas or cfg.shard_clients:
+            _fail("replica_batch", cfg.replica_batch, "cannot be combined with shard_jobs, shard_replicas or "
+                  "shard_clients (it groups the replicas of one device)")
     if cfg.precision not in PRECISIONS:
         _fail("precision", cfg.precision, f"must be one of {list(PRECISIONS)}")
     if not isinstance(cfg.trajectory, bool):

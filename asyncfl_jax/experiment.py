@@ -178,6 +178,7 @@ def run_experiment(
         shard_replicas=cfg.shard_replicas,
         shard_clients=cfg.shard_clients,
         lookahead=1 if run.protocol.name == "event_clock" else cfg.lookahead,  # the clock trains at arrival anyway
+        replica_batch=cfg.replica_batch,
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
         resume=resume,

@@ -129,6 +129,7 @@ class Run:
     metrics: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # name -> shape (metric_shapes)
     precision: str = "float32"  # the run's float precision (asyncfl_jax.precision)
     trajectory: Any = None  # the shapes of one trajectory record (trajectory_shape), None when off
+    replica_batch: int | None = None  # replicas computed together in a chunk (map_replicas); None: all of them
 
     @property
     def num_steps(self) -> int:
@@ -157,7 +158,7 @@ def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCo
                 seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None, eval_every: int = 100,
                 label: str | None = None, placement: SingleDevice | None = None, lookahead: int = 1,
                 replicas: Sequence[Replica] | None = None, precision: str = "float32",
-                trajectory: Any = None) -> Run:
+                trajectory: Any = None, replica_batch: int | None = None) -> Run:
     """Validates and prepares a run (see :func:`~asyncfl_jax.engine.simulate.simulate` for the arguments).
 
     ``replicas`` (optional) gives the replicas directly (e.g. from :func:`make_replicas`) instead of ``seeds`` x
@@ -166,8 +167,10 @@ def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCo
     precision = check_precision(precision)
     record = trajectory_function(trajectory)
     with precision_scope(precision):
-        return _prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
-                            replicas, precision, record)
+        run = _prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
+                           replicas, precision, record)
+    return dataclasses.replace(run, replica_batch=check_replica_batch(replica_batch, len(run.replicas),
+                                                                      run.placement))
 
 
 def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
@@ -248,6 +251,49 @@ class ChunkUpdate:
         return self.loop.history()
 
 
+def check_replica_batch(replica_batch: int | None, num_replicas: int, placement: SingleDevice) -> int | None:
+    """Validates ``replica_batch``; returns None when every replica is computed together (the plain vmap)."""
+    if replica_batch is None:
+        return None
+    if isinstance(replica_batch, bool) or not isinstance(replica_batch, (int, np.integer)) or replica_batch < 1:
+        raise ValueError(f"invalid replica_batch = {replica_batch!r}: must be None (all replicas together) or an "
+                         "integer >= 1")
+    if placement.name:  # "" on one device
+        raise ValueError(f"replica_batch cannot be combined with {placement.name}: it computes the replicas of one "
+                         "device in groups; use one of them")
+    return None if replica_batch >= num_replicas else int(replica_batch)
+
+
+def map_replicas(fn: Callable[..., Any], in_axes: tuple[Any, ...], replica_batch: int | None) -> Callable[..., Any]:
+    """``fn`` over the replica axis: ``jax.vmap(fn, in_axes)``, or ``replica_batch`` replicas at a time.
+
+    With ``replica_batch = g`` the replicas are computed in groups of ``g`` (``lax.map(..., batch_size=g)``: a loop
+    over groups, each group vmapped), one group after the other. The result has the same layout as the vmap's
+    (replicas on the leading axis of every output). On a CPU, one replica's small local-training matmuls already use
+    the cores; a vmap over many replicas makes larger batched operations whose working set leaves the cache, so
+    groups can run faster per replica (docs/benchmarks.md). Each replica's arithmetic is the same; only the batch
+    its operations are vectorised with changes, which can change float rounding (as lookahead does).
+
+    ``in_axes``: per argument 0 (mapped over replicas) or None (shared), or a pytree prefix of such entries.
+    """
+    if replica_batch is None:
+        return jax.vmap(fn, in_axes=in_axes)
+    is_axis = lambda a: a is None or isinstance(a, int)  # noqa: E731
+
+    def grouped(*args: Any) -> Any:
+        mapped = [jax.tree_util.tree_map(lambda ax, a: a if ax == 0 else None, axes, arg, is_leaf=is_axis)
+                  for axes, arg in zip(in_axes, args)]
+
+        def one_replica(parts: list[Any]) -> Any:
+            full = [jax.tree_util.tree_map(lambda ax, m, a: m if ax == 0 else a, axes, part, arg, is_leaf=is_axis)
+                    for axes, part, arg in zip(in_axes, parts, args)]
+            return fn(*full)
+
+        return jax.lax.map(one_replica, mapped, batch_size=replica_batch)
+
+    return grouped
+
+
 class HostLoop:
     """Runs a prepared :class:`Run` chunk by chunk (see the module docstring).
 
@@ -263,7 +309,8 @@ class HostLoop:
         program, timeline, placed = run.program, run.timeline, run.placed
         self.init_fn = jax.jit(jax.vmap(program.init, in_axes=(timeline.input_axes, 0, 0, None)), **placed.init_jit)
         chunk_axes = (0, timeline.chunk_axes, 0, 0, None)
-        self.chunk_fns = {frozen: jax.jit(jax.vmap(fn, in_axes=chunk_axes), donate_argnums=(0,), **placed.chunk_jit)
+        self.chunk_fns = {frozen: jax.jit(map_replicas(fn, chunk_axes, run.replica_batch), donate_argnums=(0,),
+                                          **placed.chunk_jit)
                           for frozen, fn in ((False, program.advance), (True, program.frozen_advance))}
         algorithm, evaluate = run.algorithm, program.evaluate
 

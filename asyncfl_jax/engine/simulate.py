@@ -23,7 +23,8 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
              progress: bool = True, label: str | None = None, shard_jobs: bool = False, shard_replicas: bool = False,
              shard_clients: bool = False, lookahead: int = 1, checkpoint_dir: str | None = None,
              checkpoint_every: int = 1, resume: bool = False, callbacks: Sequence[Any] = (),
-             precision: str = "float32", trajectory: bool | Callable[[Any], Any] | None = None) -> History:
+             precision: str = "float32", trajectory: bool | Callable[[Any], Any] | None = None,
+             replica_batch: int | None = None) -> History:
     """Runs an experiment (all replicas as one vmapped program) and returns its :class:`History`.
 
     Args:
@@ -74,6 +75,11 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         ``eval_every``, ``lookahead`` and with checkpoints (the trajectory so far is saved with the state, so a
         resumed run's trajectory equals the uninterrupted one's). A diverged replica's trajectory repeats the
         model it keeps once it is frozen.
+      replica_batch: compute the replicas ``g`` at a time in each chunk (a loop over groups of ``g`` vmapped
+        replicas, :func:`~asyncfl_jax.engine.loop.map_replicas`) instead of all together; None (default): all
+        together. On a CPU, large vmapped sweeps of a model like the MLP can run faster per replica in small groups
+        (their working set stays in the cache; see docs/benchmarks.md). The same results up to float rounding; one
+        device only (not with ``shard_*``).
     """
     check_count("checkpoint_every", checkpoint_every)
     if resume and checkpoint_dir is None:
@@ -81,15 +87,15 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
     with precision_scope(check_precision(precision)):  # a restored float64 checkpoint needs x64 too
         return _simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label,
                          make_placement(shard_jobs, shard_replicas, shard_clients), lookahead, checkpoint_dir,
-                         checkpoint_every, resume, callbacks, precision, trajectory)
+                         checkpoint_every, resume, callbacks, precision, trajectory, replica_batch)
 
 
 def _simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
               hparams: Mapping[str, Any] | None, eval_every: int, progress: bool, label: str | None, placement: Any,
               lookahead: int, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
-              callbacks: Sequence[Any], precision: str, trajectory: Any) -> History:
+              callbacks: Sequence[Any], precision: str, trajectory: Any, replica_batch: int | None) -> History:
     run = prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
-                      precision=precision, trajectory=trajectory)
+                      precision=precision, trajectory=trajectory, replica_batch=replica_batch)
     budget = run.budget()
     logger.info("%s: %s", run.label, budget.describe())
     budget.check()
