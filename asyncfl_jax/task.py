@@ -432,7 +432,7 @@ def client_summaries(name: str, values: jax.Array) -> dict[str, jax.Array]:
             f"client_{name}_std": jnp.std(values), f"client_{name}_{extreme[0]}": extreme[1]}
 
 
-def make_evaluator(model: Model, batch_size: int = 2000, loss: Loss | None = None):
+def make_evaluator(model: Model, batch_size: int = 2000, loss: Loss | None = None) -> "Evaluator":
     """Returns ``evaluate(flat_params, arrays) -> metrics`` (pure, jittable); ``arrays`` is the task's
     :class:`TaskArrays`, ``loss`` the task's loss (default: classification).
 
@@ -447,13 +447,54 @@ def make_evaluator(model: Model, batch_size: int = 2000, loss: Loss | None = Non
     Pooled metrics are example-weighted means, per-client summaries weigh every client once. The data are scored in
     fixed batches of ``batch_size`` (the last one padded and masked) so memory stays bounded.
     """
-    loss = CLASSIFICATION if loss is None else loss
+    return Evaluator(model, CLASSIFICATION if loss is None else loss, int(batch_size))
 
-    def named(prefix: str, values: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        """``{prefix_<metric>..., prefix_loss}``: the loss's metrics first, then the loss."""
-        return {**{f"{prefix}_{k}": v for k, v in values.items() if k != "loss"}, f"{prefix}_loss": values["loss"]}
 
-    def evaluate(flat: jax.Array, arrays: TaskArrays) -> dict[str, jax.Array]:
+def _same(a: Any, b: Any) -> bool:
+    """Identity for objects (functions, losses), equality for the plain values of a key (shapes, dtypes, treedefs)."""
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (str, int, np.dtype, jax.tree_util.PyTreeDef)):
+        return type(a) is type(b) and a == b
+    return a is b
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Evaluator:
+    """The evaluation function of :func:`make_evaluator`: ``evaluator(flat_params, arrays) -> metrics``.
+
+    Two evaluators are equal (and hash alike) when they trace the same computation: the same ``apply_fn`` and loss
+    (the same objects), the same parameter structure (tree, shapes and dtypes of ``model.init_params``, which
+    ``unravel`` follows; the values of the initial parameters are not used) and the same batch size. A jitted
+    function that takes the evaluator as a static argument then reuses its compiled program for every run of the
+    same model and data shapes (e.g. the algorithms of one experiment), instead of tracing and compiling a new
+    closure per run."""
+
+    model: Model
+    loss: Loss
+    batch_size: int
+
+    def _key(self) -> tuple:
+        leaves, treedef = jax.tree_util.tree_flatten(self.model.init_params)
+        avals = tuple((tuple(int(d) for d in np.shape(x)), np.dtype(getattr(x, "dtype", np.asarray(x).dtype)))
+                      for x in leaves)
+        return (self.model.apply_fn, self.loss, treedef, avals, self.batch_size)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Evaluator) and _same(self._key(), other._key())
+
+    def __hash__(self) -> int:
+        apply_fn, loss, treedef, avals, batch_size = self._key()
+        return hash((id(apply_fn), id(loss), treedef, avals, batch_size))
+
+    def __call__(self, flat: jax.Array, arrays: TaskArrays) -> dict[str, jax.Array]:
+        model, loss, batch_size = self.model, self.loss, self.batch_size
+
+        def named(prefix: str, values: dict[str, jax.Array]) -> dict[str, jax.Array]:
+            """``{prefix_<metric>..., prefix_loss}``: the loss's metrics first, then the loss."""
+            return {**{f"{prefix}_{k}": v for k, v in values.items() if k != "loss"},
+                    f"{prefix}_loss": values["loss"]}
+
         test = pooled_metrics(model, loss, flat, arrays.test_x, arrays.test_y, batch_size)
         train = pooled_metrics(model, loss, flat, arrays.train_eval_x, arrays.train_eval_y, batch_size)
         out = {**named("test", test), "train_loss": train["loss"]}
@@ -466,5 +507,3 @@ def make_evaluator(model: Model, batch_size: int = 2000, loss: Loss | None = Non
                 out.update(client_summaries(name, per_client[name]))
             out.update({f"client_{name}": v for name, v in sorted(per_client.items())})
         return out
-
-    return evaluate

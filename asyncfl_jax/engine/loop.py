@@ -11,6 +11,7 @@ the same loop (``HostLoop(run, callbacks).run()``), so nothing of the driver is 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -76,11 +77,36 @@ def trajectory_shape(record: Callable[[jax.Array], Any], x0: jax.Array, num_repl
     return shape
 
 
-def metric_shapes(program: Program, data: Any, num_clients: int) -> dict[str, tuple[int, ...]]:
-    """The names and shapes of what ``program.evaluate`` returns for one replica (``jax.eval_shape``: nothing is
-    compiled): scalars ``()`` are the run's metrics (``History.metrics``), vectors ``(C,)`` the per-client ones
-    (``History.client_metrics``, C = the evaluated clients). Raises ``ValueError`` for any other shape."""
-    shapes = jax.eval_shape(program.evaluate, data.x0, data)
+def _evaluate_replicas(params: Callable[[Any], jax.Array], evaluate: Callable[..., dict[str, jax.Array]],
+                       server: Any, data: Any) -> dict[str, jax.Array]:
+    """``evaluate(params(server_r), data)`` for every replica ``r`` of the vmapped ``server``: metric -> [R, ...].
+
+    One replica after the other (``lax.map``, not ``vmap``): a replica's evaluation is then the same computation
+    whatever the number of replicas beside it (its metrics depend only on its own model)."""
+    return jax.lax.map(lambda p: evaluate(p, data), jax.vmap(params)(server))
+
+
+#: The evaluation of every replica, jitted once for the process: ``params`` (``Algorithm.params``) and ``evaluate``
+#: (``Program.evaluate``, a :class:`~asyncfl_jax.task.Evaluator` that compares equal for the same model and loss) are
+#: static, so runs of one experiment with the same shapes (the algorithms of the default experiment, the seeds of a
+#: sweep run one after the other) trace and compile it once between them.
+evaluate_replicas = jax.jit(_evaluate_replicas, static_argnums=(0, 1))
+
+
+def metric_shapes(program: Program, data: Any, num_clients: int,
+                  server_shape: Any = None) -> dict[str, tuple[int, ...]]:
+    """The names and shapes of what ``program.evaluate`` returns for one replica (traced, nothing is compiled):
+    scalars ``()`` are the run's metrics (``History.metrics``), vectors ``(C,)`` the per-client ones
+    (``History.client_metrics``, C = the evaluated clients). Raises ``ValueError`` for any other shape.
+
+    ``server_shape`` (the vmapped server state's shapes, ``Run.carry_shape.server``) traces the evaluation the host
+    loop runs (:data:`evaluate_replicas`), so that its trace is reused when it is compiled; without it
+    ``program.evaluate`` is traced on ``data.x0`` alone."""
+    if server_shape is None:
+        shapes = jax.eval_shape(program.evaluate, data.x0, data)
+    else:
+        traced = evaluate_replicas.trace(program.algorithm.params, program.evaluate, server_shape, data)
+        shapes = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in traced.out_info.items()}
     out = {}
     for name, s in shapes.items():
         if len(s.shape) > 1 or (len(s.shape) == 1 and not 1 <= s.shape[0] <= num_clients):
@@ -130,6 +156,7 @@ class Run:
     precision: str = "float32"  # the run's float precision (asyncfl_jax.precision)
     trajectory: Any = None  # the shapes of one trajectory record (trajectory_shape), None when off
     replica_batch: int | None = None  # replicas computed together in a chunk (map_replicas); None: all of them
+    init: Any = dataclasses.field(default=None, repr=False)  # the jitted vmapped init prepare_run traced (or None)
 
     @property
     def num_steps(self) -> int:
@@ -207,12 +234,14 @@ def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalC
     hp, keys = stack_hparams(replicas, precision_dtype(precision)), replica_keys(replicas)
     check_same_everywhere("run inputs (data, schedules or clocks, seeds, hyper-parameters)",
                           (hp, keys, data, timeline.inputs))
-    init = jax.vmap(program.init, in_axes=(timeline.input_axes, 0, 0, None))
-    carry_shape = jax.eval_shape(init, timeline.inputs, hp, keys, data)
+    # Traced once here for the carry's shapes; the host loop compiles this same jitted function, whose trace (and
+    # lowering) JAX then reuses, when the placement adds no shardings (init_jit = {}).
+    init = jax.jit(jax.vmap(program.init, in_axes=(timeline.input_axes, 0, 0, None)))
+    carry_shape = init.trace(timeline.inputs, hp, keys, data).out_info
     placed = placement.place(carry_shape, hp, keys, data, timeline.inputs, timeline.input_axes, program)
-    metrics = metric_shapes(program, data, task.num_clients)
+    metrics = metric_shapes(program, data, task.num_clients, carry_shape.server)
     return Run(label or algorithm.name, task, algorithm, local, replicas, timeline, program, placement, placed,
-               carry_shape, eval_every, metrics, precision, record_shape)
+               carry_shape, eval_every, metrics, precision, record_shape, init)
 
 
 @dataclasses.dataclass
@@ -307,20 +336,16 @@ class HostLoop:
         self.callbacks = [c if hasattr(c, "on_chunk") or hasattr(c, "on_start") else _FunctionCallback(c)
                           for c in callbacks]
         program, timeline, placed = run.program, run.timeline, run.placed
-        self.init_fn = jax.jit(jax.vmap(program.init, in_axes=(timeline.input_axes, 0, 0, None)), **placed.init_jit)
+        if run.init is not None and not placed.init_jit:
+            self.init_fn = run.init  # traced by prepare_run: JAX reuses that trace
+        else:
+            self.init_fn = jax.jit(jax.vmap(program.init, in_axes=(timeline.input_axes, 0, 0, None)),
+                                   **placed.init_jit)
         chunk_axes = (0, timeline.chunk_axes, 0, 0, None)
         self.chunk_fns = {frozen: jax.jit(map_replicas(fn, chunk_axes, run.replica_batch), donate_argnums=(0,),
                                           **placed.chunk_jit)
                           for frozen, fn in ((False, program.advance), (True, program.frozen_advance))}
-        algorithm, evaluate = run.algorithm, program.evaluate
-
-        @jax.jit
-        def eval_fn(server: Any, data: Any) -> dict[str, jax.Array]:
-            # One replica after the other (lax.map, not vmap): a replica's evaluation is then the same computation
-            # whatever the number of replicas beside it (its metrics depend only on its own model).
-            return jax.lax.map(lambda p: evaluate(p, data), jax.vmap(algorithm.params)(server))
-
-        self.eval_fn = eval_fn
+        self.eval_fn = functools.partial(evaluate_replicas, run.algorithm.params, program.evaluate)
         self.record_fn = jax.jit(jax.vmap(program.trajectory_record))  # x_0's record (the trajectory's first)
         self.state: checkpoint.LoopState | None = None
         self.compiled: dict[tuple[int, bool], Any] = {}
