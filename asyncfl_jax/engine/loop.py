@@ -241,7 +241,7 @@ def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalC
     placed = placement.place(carry_shape, hp, keys, data, timeline.inputs, timeline.input_axes, program)
     metrics = metric_shapes(program, data, task.num_clients, carry_shape.server)
     return Run(label or algorithm.name, task, algorithm, local, replicas, timeline, program, placement, placed,
-               carry_shape, eval_every, metrics, precision, record_shape, init)
+               carry_shape, eval_every, metrics, precision, record_shape, init=init)
 
 
 @dataclasses.dataclass
