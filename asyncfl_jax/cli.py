@@ -301,34 +301,20 @@ def _resumed_config(args: argparse.Namespace) -> ExperimentConfig:
 
 
 def _check_output(cfg: ExperimentConfig, overwrite: bool) -> bool:
-    """Output safety before anything is compiled; returns whether to continue (resume) the run found there."""
-    from asyncfl_jax.experiment import clean_output, output_status
+    """Output safety before anything is loaded or compiled (read-only: what ``--overwrite`` deletes is deleted by
+    ``run_config`` under the folder's lock, once the data are loaded); returns whether to continue the run found
+    there (see :func:`asyncfl_jax.experiment.decide_output`)."""
+    from asyncfl_jax.experiment import decide_output, output_status
 
-    status = output_status(cfg)
-    out = cfg.output
-    if status.kind == "new":
-        return False
-    if status.kind == "not_a_folder":
-        raise ConfigError(f"invalid option --out = {out!r}: it exists and is not a folder")
-    if overwrite:
-        print(f"asyncfl: --overwrite: deleting the earlier results and checkpoints in {out}")
-        clean_output(out)
-        return False
-    if status.kind == "unfinished":
-        print(f"asyncfl: {out} holds an unfinished run of this configuration: continuing it (finished runs are "
+    resume = not overwrite and output_status(cfg).kind == "unfinished"
+    decision = decide_output(cfg, overwrite=overwrite, resume=resume)
+    if decision == "overwrite":
+        print(f"asyncfl: --overwrite: the earlier results in {cfg.output} (those its manifest.json lists, nothing "
+              "else) are deleted once the data are loaded")
+    if decision == "continue":
+        print(f"asyncfl: {cfg.output} holds an unfinished run of this configuration: continuing it (finished runs are "
               "reused; --overwrite starts over)")
-        return True
-    if status.kind == "finished":
-        raise ConfigError(f"{out} already holds the finished results of this configuration; pass --overwrite to run "
-                          f"it again, `asyncfl run --resume {out}` to rewrite the results from the saved runs, or "
-                          "choose another --out")
-    if status.kind == "different":
-        shown = list(status.differences[:8]) + ([f"... ({len(status.differences) - 8} more)"]
-                                                 if len(status.differences) > 8 else [])
-        raise ConfigError(f"{out} holds the results of a different configuration (saved -> this one: "
-                          + "; ".join(shown) + "); choose another --out or pass --overwrite to replace them")
-    raise ConfigError(f"{out} is not empty and holds no asyncfl results (no readable config.json); choose another "
-                      "--out or pass --overwrite to write into it")
+    return decision == "continue"
 
 
 class _Terminated(KeyboardInterrupt):
@@ -403,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _sigterm_interrupts(), log_to_stderr():  # SIGTERM outside the simulation loop stops like Ctrl-C
             histories = run_config(cfg, progress=not args.no_progress, plot=not args.no_plot, resume=resume,
                                    checkpoint_every=None if args.no_checkpoint else args.checkpoint_every,
-                                   callbacks=callbacks)
+                                   callbacks=callbacks, overwrite=args.overwrite and not resume)
     except (ConfigError, CheckpointError) as e:
         print(f"asyncfl: error: {e}", file=sys.stderr)
         return 2
