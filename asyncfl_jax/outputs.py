@@ -48,6 +48,7 @@ MANIFEST_FORMAT = 1
 KINDS = ("file", "folder", "checkpoints")
 LABEL_MAX_BYTES = 100  # "<label>-seed<s>-replica<r>.npz" stays well below the usual 255-byte name limit
 _TEMPORARY = re.compile(r"\.tmp-[a-z0-9_]{8}(?P<name>.+)")  # tempfile.mkstemp(prefix=".tmp-", suffix=name)
+_SCHEDULE_TEMPORARY = re.compile(r"tmp[a-z0-9_]{8}\.npz\.tmp")  # Schedule.save's, in the listed schedules/ folder
 
 
 class OutputLockedError(ConfigError):
@@ -377,6 +378,13 @@ def remove_orphans_of(manifest: Manifest) -> list[str]:
             folder, _, base = name.rpartition("/")
             by_folder.setdefault(folder, set()).add(base)
     removed = []
+    schedules = os.path.join(manifest.root, "schedules")
+    if manifest.entries.get("schedules") == "folder" and _real_parents(manifest.root, "schedules/x"):
+        for entry in (os.listdir(schedules) if os.path.isdir(schedules) else []):
+            path = os.path.join(schedules, entry)
+            if _SCHEDULE_TEMPORARY.fullmatch(entry) and (os.path.islink(path) or os.path.isfile(path)):
+                os.unlink(path)
+                removed.append(f"schedules/{entry}")
     for folder, names in by_folder.items():
         if folder and not _real_parents(manifest.root, folder + "/x"):
             continue
