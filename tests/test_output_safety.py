@@ -137,8 +137,10 @@ def test_two_processes_on_one_folder_one_is_refused_and_the_other_finishes_intac
     release = tmp_path / "release"
     first = _cli("--out", str(out), *TINY, slow=True, release=release)
     deadline = time.monotonic() + 120
-    while not (out / "checkpoints" / "fedbuff" / "checkpoint.json").exists():  # running, lock held
-        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()[-2000:]
+    while not (out / "schedules" / "fedbuff-seed0.npz").exists():  # started writing: the lock is held
+        if first.poll() is not None or time.monotonic() > deadline:
+            first.kill()
+            raise AssertionError(first.communicate()[1][-2000:])
         time.sleep(0.01)
     second = _cli("--out", str(out), *TINY)
     _, err2 = second.communicate(timeout=120)
