@@ -431,7 +431,9 @@ def _check_state(state_path: str, record: Mapping[str, Any], arrays: Mapping[str
         problems.append(f"the state's last evaluation is at step {steps[-1] if steps else None}, the record's "
                         f"next_step is {step}")
     every, total = identity.get("eval_every"), identity.get("num_steps")
-    if isinstance(every, int) and isinstance(total, int) and steps != [min(k * every, total) for k in range(len(steps))]:
+    expected = [min(k * every, total) for k in range(len(steps))] if isinstance(every, int) and isinstance(
+        total, int) and every > 0 else steps
+    if steps != expected:
         problems.append(f"the state's evaluation steps {_some([str(s) for s in steps])} are not those of chunks of "
                         f"{every} of {total} steps")
     if not isinstance(record["num_chunks"], int) or not 0 <= chunk <= record["num_chunks"]:

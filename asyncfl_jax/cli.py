@@ -18,7 +18,8 @@ finished run there. Ctrl-C or SIGTERM lets the current chunk finish, saves, and 
 ``asyncfl run --resume DIR`` then continues from ``DIR/config.json``: finished runs are reused, the unfinished one
 continues from its checkpoint, and the results equal an uninterrupted run's. ``--out DIR`` refuses (exit code 2) a
 non-empty DIR unless it holds an unfinished run of the same configuration (which is then continued) or
-``--overwrite`` is given.
+``--overwrite`` is given (which deletes only the files listed in DIR/manifest.json; a run locks DIR, so a second
+process there is refused).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="output folder (default: runs/default); it must be new or empty, or hold an "
                                    "unfinished run of the same configuration (which is continued), unless --overwrite")
     run.add_argument("--overwrite", action="store_true",
-                     help="start over in a non-empty --out folder (deletes its earlier results and checkpoints)")
+                     help="start over in a non-empty --out folder (deletes the earlier results and checkpoints "
+                          "listed in its manifest.json, nothing else)")
     run.add_argument("--resume", metavar="DIR",
                      help="continue the interrupted run in DIR (its config.json and checkpoints); finished runs are "
                           "reused, the results equal an uninterrupted run's")

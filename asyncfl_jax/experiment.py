@@ -240,10 +240,10 @@ def config_differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
 class OutputStatus:
     """What an output folder holds, as seen by ``asyncfl run --out``.
 
-    ``kind``: "new" (missing, empty, or holding only this package's bookkeeping), "unfinished" (an unfinished run of the same configuration: it can be
-    continued), "finished" (the finished results of the same configuration), "different" (results of another
-    configuration; ``differences`` lists the options), "foreign" (not empty and not an asyncfl output folder) or
-    "not_a_folder".
+    ``kind``: "new" (missing, empty, or holding only this package's bookkeeping), "unfinished" (an unfinished run of
+    the same configuration: it can be continued), "finished" (the finished results of the same configuration),
+    "different" (results of another configuration; ``differences`` lists the options), "foreign" (not empty and not
+    an asyncfl output folder) or "not_a_folder".
     """
 
     kind: str

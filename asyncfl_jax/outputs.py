@@ -66,8 +66,9 @@ def check_label(label: Any, option: str) -> str:
         raise ConfigError(f"invalid option {option} = {label!r}: a run label must be a non-empty string")
     bad = sorted({c for c in label if c in "/\\" or ord(c) < 32 or ord(c) == 127})
     if bad:
+        shown = ", ".join(repr(c) for c in bad)
         raise ConfigError(f"invalid option {option} = {label!r}: a run label names files and folders inside --out, so "
-                          f"it cannot hold {', '.join(repr(c) for c in bad)} (no path separators or control characters)")
+                          f"it cannot hold {shown} (no path separators or control characters)")
     if label.startswith("."):
         raise ConfigError(f"invalid option {option} = {label!r}: a run label cannot start with '.'")
     if len(label.encode("utf-8", "surrogatepass")) > LABEL_MAX_BYTES:
