@@ -21,6 +21,10 @@ nothing is shown unless logging is configured (``logging.basicConfig(level=loggi
 prints them to stderr.
 """
 
+from asyncfl_jax import _signals
+
+_signals.hold_imports()  # the `asyncfl` command only: Ctrl-C / SIGTERM while JAX imports is raised once main() starts
+
 import logging as _logging
 
 _logging.getLogger("asyncfl_jax").addHandler(_logging.NullHandler())
@@ -29,6 +33,7 @@ from asyncfl_jax import algorithms, data, losses, timing
 from asyncfl_jax.algorithms import (Algorithm, ServerMeta, asgd, asyncfeded, ca2fl, fedasync, fedavg, fedbuff,
                                     get_algorithm, with_server_optimizer)
 from asyncfl_jax.client import LocalConfig, make_local_update
+from asyncfl_jax.compile_cache import enable_compile_cache
 from asyncfl_jax.engine import (
     ScheduleArrays,
     SimulationOutput,
@@ -68,6 +73,7 @@ __all__ = [
     "custom_loss",
     "data",
     "default_hparams",
+    "enable_compile_cache",
     "fedasync",
     "fedavg",
     "fedbuff",

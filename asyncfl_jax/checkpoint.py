@@ -96,9 +96,12 @@ class SimulationInterrupted(KeyboardInterrupt):
 
 # ---------------------------------------------------------------------------------------------------- identity
 def hash_arrays(tree: Any) -> str:
-    """SHA-256 of every leaf of ``tree`` (dtype, shape and bytes), in tree order."""
+    """SHA-256 of every leaf of ``tree`` (dtype, shape and bytes), in tree order (arrays split across the processes
+    of a multi-process run are gathered first: every process must call it)."""
+    from asyncfl_jax.distributed import to_host
+
     h = hashlib.sha256()
-    for leaf in jax.tree_util.tree_leaves(tree):
+    for leaf in jax.tree_util.tree_leaves(to_host(tree)):
         a = np.ascontiguousarray(np.asarray(leaf))
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(a.reshape(-1).view(np.uint8).tobytes())
@@ -139,12 +142,14 @@ def run_identity(
     shard_jobs: bool,
     shard_replicas: bool = False,
     shard_clients: bool = False,
+    trajectory: Any = None,
 ) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: everything that determines the run's result.
 
     The schedules enter as a hash of their arrays; the task as its name, number of clients and parameters, the
     shapes and dtypes of its arrays, a hash of the initial model ``x0`` (the data themselves are not hashed) and its
-    evaluation split (held-out fractions and evaluated clients) when it has one.
+    evaluation split (held-out fractions and evaluated clients) when it has one. ``trajectory`` (the shapes of one
+    trajectory record, or None) enters only when a trajectory is recorded, so other runs keep their identity.
     """
     return _canonical({
         "label": label,
@@ -163,6 +168,7 @@ def run_identity(
         "shard_jobs": bool(shard_jobs),
         "shard_replicas": bool(shard_replicas),
         "shard_clients": bool(shard_clients),
+        **({} if trajectory is None else {"trajectory": tree_signature(trajectory)}),
     })
 
 

@@ -12,6 +12,18 @@
 Every option is checked before anything is compiled; an invalid one stops the command with exit code 2 and a message
 naming the option, the value and what is allowed.
 
+Exit codes (one message on stderr, no traceback unless ``--debug``; see docs/simulator.md, "Errors, exit codes and
+signals"):
+
+====  ==================================================================================================
+0     success
+2     bad input or an environment the user can fix: an invalid option, file or dataset, a memory refusal, disk
+      full (continue with ``--resume`` after freeing space), permission denied, any other I/O error
+1     an internal error (a bug in asyncfl_jax): rerun with ``--debug`` for the traceback and report it
+130   interrupted by Ctrl-C (SIGINT)
+143   interrupted by SIGTERM
+====  ==================================================================================================
+
 Checkpoints: ``asyncfl run --out DIR`` saves each run's state into ``DIR/checkpoints/<run>/`` every
 ``--checkpoint-every`` evaluation chunks (default 1; ``--no-checkpoint`` turns it off) and the History of each
 finished run there. Ctrl-C or SIGTERM lets the current chunk finish, saves, and exits (codes 130 and 143);
@@ -26,15 +38,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import logging
 import os
-import signal
 import sys
-import threading
+import traceback
 from typing import Any, Sequence
 
+from asyncfl_jax import _signals
 from asyncfl_jax.algorithms import REGISTRY
+from asyncfl_jax.compile_cache import enable_compile_cache
+from asyncfl_jax.errors import InputError, PartitionError
 from asyncfl_jax.presets import get_preset, unavailable
 from asyncfl_jax.config import ConfigError, ExperimentConfig, parse_value, resolve, set_option, validate
 
@@ -66,7 +81,18 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="print the configuration with every default written out (delay fields, algorithm options "
                           "and hyper-parameters) as JSON, a template for --config, and exit")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--debug", action="store_true",
+                     help="on an error, also print the Python traceback (for a bug report)")
     run.add_argument("--no-plot", action="store_true", help="do not write accuracy.png")
+    multi = run.add_argument_group("many processes (jax.distributed; see docs/simulator.md, \"Many processes\")")
+    multi.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address (env ASYNCFL_COORDINATOR)")
+    multi.add_argument("--num-processes", type=int, metavar="N", help="processes of the run (env ASYNCFL_NUM_PROCESSES)")
+    multi.add_argument("--process-id", type=int, metavar="I", help="this process, 0..N-1 (env ASYNCFL_PROCESS_ID)")
+    multi.add_argument("--cluster", action="store_true",
+                       help="let jax.distributed.initialize() read the cluster's environment (SLURM, Open MPI)")
+    run.add_argument("--no-compile-cache", action="store_true",
+                     help="do not use JAX's persistent compilation cache (default: on, in $ASYNCFL_COMPILE_CACHE or "
+                          "~/.cache/asyncfl_jax/jax; ASYNCFL_COMPILE_CACHE=off also turns it off)")
     run.add_argument("--tensorboard", metavar="DIR",
                      help="also write every replica's metrics as TensorBoard scalars under DIR/<run>/<point>/seed<s> "
                           "(needs tensorboardX: pip install 'asyncfl-jax[tensorboard]')")
@@ -132,6 +158,12 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shard-clients", action="store_true",
                    help="spread the per-client state (n x d caches, error-feedback residuals) over all JAX devices "
                         "along the client axis; the number of clients must be a multiple of the device count")
+    g.add_argument("--precision", choices=["float32", "float64"],
+                   help="float precision of data, model, server state, updates and metrics (default float32; "
+                        "float64 turns on jax_enable_x64 for the run, for exact comparisons with reference code)")
+    g.add_argument("--trajectory", action="store_true",
+                   help="record the flat global model x_t at every server step (small runs) and write it to "
+                        "trajectory/<run>.npz in the results folder (array [replicas, steps + 1, d])")
 
     sub.add_parser("algorithms", help="list the algorithms with their options and hyper-parameters")
     sub.add_parser("presets", help="list the papers' selected settings usable with `asyncfl run --preset`")
@@ -187,6 +219,9 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
             raise ConfigError(f"invalid option --seeds = {args.seeds!r}: must be comma-separated integers") from None
     put("eval_every", args.eval_every)
     put("lookahead", args.lookahead)
+    put("precision", args.precision)
+    if args.trajectory:
+        raw["trajectory"] = True
     if args.shard_jobs:
         raw["shard_jobs"] = True
     if args.shard_replicas:
@@ -245,9 +280,13 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
             run["arrivals"], run["steps"] = args.arrivals, None
     for item in args.set:
         set_option(raw, item)
-    for run in raw["runs"]:  # "every client" once the number of clients is final
-        if run.get("protocol", {}).get("concurrency", 0) is None:
-            run["protocol"]["concurrency"] = raw["data"]["num_clients"]
+    runs = raw.get("runs")
+    if not isinstance(runs, list) or not runs or not all(isinstance(run, dict) for run in runs):
+        raise ConfigError(f"invalid option runs = {runs!r}: must be a non-empty list of runs (objects)")
+    for run in runs:  # "every client" once the number of clients is final
+        proto = run.get("protocol")
+        if isinstance(proto, dict) and "concurrency" in proto and proto["concurrency"] is None:
+            proto["concurrency"] = raw["data"].get("num_clients") if isinstance(raw.get("data"), dict) else None
     put("output", args.out)
     return ExperimentConfig.from_dict(raw)
 
@@ -279,7 +318,7 @@ _CONFIG_OPTIONS = ("config", "set", "dataset", "data_dir", "num_clients", "parti
                    "local_steps", "batch_size", "lr", "algorithm", "option", "staleness", "normalization", "hparam",
                    "protocol", "concurrency", "buffer_size", "refill", "participants", "steps", "arrivals", "speed",
                    "noise", "seeds", "eval_every", "shard_jobs", "shard_replicas", "shard_clients", "preset",
-                   "lookahead")
+                   "lookahead", "precision", "trajectory")
 
 
 def _resumed_config(args: argparse.Namespace) -> ExperimentConfig:
@@ -319,29 +358,144 @@ def _check_output(cfg: ExperimentConfig, overwrite: bool) -> bool:
     return decision == "continue"
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM outside the simulation loop."""
+def _check_out_path(out: str) -> None:
+    """``--out`` must be a path a folder can be made at: no part of it longer than the file system allows, its
+    nearest existing parent a folder this user can write into (checked before anything is built or written)."""
+    path = os.path.abspath(out)
+    name_max = 255
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        name_max = os.pathconf(_existing_parent(path), "PC_NAME_MAX")
+    for part in path.split(os.sep):
+        if len(os.fsencode(part)) > name_max:
+            raise ConfigError(f"invalid option --out = {out!r}: the name {part[:40]!r}... is {len(os.fsencode(part))} "
+                              f"bytes long, more than the file system allows ({name_max}); choose a shorter name")
+    parent = _existing_parent(path)
+    if parent != path and not os.path.isdir(parent):
+        raise ConfigError(f"invalid option --out = {out!r}: {parent} is a file, not a folder, so no folder can be "
+                          "made under it; choose another --out")
+    target = path if os.path.isdir(path) else parent
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise ConfigError(f"invalid option --out = {out!r}: permission denied, {target} is not writable by this user; "
+                          "choose another --out or change the folder's permissions")
 
 
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def _existing_parent(path: str) -> str:
+    """``path`` itself when it exists, else its nearest existing parent."""
+    while not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
 
-    def on_term(signum, frame):  # noqa: ARG001
-        raise _Terminated
 
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+EXIT_CODES = {0: "success", 1: "internal error (a bug in asyncfl_jax; rerun with --debug for the traceback)",
+              2: "bad input or environment the user can fix (invalid option or file, missing or corrupt data, not "
+                 "enough memory, disk full, permission denied)",
+              130: "interrupted by Ctrl-C (SIGINT)", 143: "interrupted by SIGTERM"}
+"""The exit codes of ``asyncfl`` (also in the module docstring and docs/simulator.md)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``asyncfl`` command: returns its exit code (:data:`EXIT_CODES`). Every error ends here as one message on
+    stderr (``asyncfl: error: ...``), without a traceback unless ``--debug``."""
+    _signals.release_imports()
     parser = _build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # a usage error exits with code 2 and argparse's message
+    debug = bool(getattr(args, "debug", False))
+    installed = args.command == "run" and _signals.install()
+    try:
+        _signals.check()  # a signal received while the package imported
+        code = _command(args)
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: BLE001 - the one error boundary of the command
+        code = _report(e, args, debug)
+    finally:
+        if installed:
+            _signals.uninstall()
+    if code in (130, 143) and argv is None and _signals.is_cli_process():
+        _signals.exit_now(code)  # an interrupt may have cut an XLA call short: no finalization (see _signals)
+    return code
+
+
+def _report(error: BaseException, args: argparse.Namespace, debug: bool) -> int:
+    """Prints the one-paragraph message of ``error`` (and its traceback with ``--debug``); returns the exit code."""
+    if debug:
+        traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+    out = getattr(args, "resume", None) or getattr(args, "out", None) or "runs/default"
+    if isinstance(error, KeyboardInterrupt):
+        code = error.exit_code if isinstance(error, _signals.Interrupted) else 130
+        by = " by SIGTERM" if code == 143 else ""
+        if getattr(args, "command", None) == "run" and os.path.isfile(os.path.join(out, "config.json")):
+            print(f"asyncfl: interrupted{by}; finished runs are saved, continue with: asyncfl run --resume {out}",
+                  file=sys.stderr)
+        else:
+            print(f"asyncfl: interrupted{by} before the run started; nothing was written to {out}", file=sys.stderr)
+        return code
+    message, code = _describe(error, out)
+    print(f"asyncfl: error: {message}", file=sys.stderr)
+    return code
+
+
+def _describe(error: BaseException, out: str) -> tuple[str, int]:
+    """The message and exit code of an error that reached the boundary."""
+    from asyncfl_jax.checkpoint import CheckpointError
+    from asyncfl_jax.engine.budget import MemoryRefusal
+
+    if isinstance(error, PartitionError):
+        return (f"the data cannot be split over the clients as configured: {error} (options data.num_clients, "
+                "data.min_size, data.shards_per_client, data.partition)"), 2
+    if isinstance(error, CheckpointError) and _no_space(error):  # a save that failed for a full disk
+        return (f"{error}; free some space, then continue with: asyncfl run --resume {out} (the previous checkpoint "
+                "is kept)"), 2
+    if isinstance(error, (InputError, CheckpointError)):
+        return str(error), 2
+    if isinstance(error, MemoryRefusal):  # the budget's own message names the sizes and the option to lower
+        return str(error), 2
+    if isinstance(error, MemoryError):
+        text = str(error) or "the process ran out of memory"
+        return (f"{text}. Lower the option that grows the run (data.num_clients, runs.steps or runs.arrivals, the "
+                "seeds or swept hyper-parameters, the model), or run on a machine with more memory"), 2
+    if isinstance(error, OSError):
+        return _describe_os_error(error, out), 2
+    if "RESOURCE_EXHAUSTED" in str(error):  # an XLA allocation failed (jaxlib's XlaRuntimeError)
+        first = str(error).strip().splitlines()[0][:300]
+        return (f"the accelerator ran out of memory ({first}); lower data.num_clients, the seeds or swept "
+                "hyper-parameters, local.batch_size or --lookahead, or use a larger device"), 2
+    return (f"internal error ({type(error).__name__}: {str(error)[:300]}). This is a bug in asyncfl_jax, not in your "
+            "input: please report it with the command line; rerun with --debug to see the traceback"), 1
+
+
+def _no_space(error: BaseException) -> bool:
+    """Whether ``error`` or one of its causes is a full disk (ENOSPC, EDQUOT)."""
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+def _describe_os_error(error: OSError, out: str) -> str:
+    """An I/O error as a message naming the path, the system's reason and what to do."""
+    where = error.filename if error.filename is not None else "a file"
+    reason = error.strerror or str(error)
+    resumable = os.path.isfile(os.path.join(out, "config.json"))
+    if _no_space(error):
+        return (f"no space left on the device writing {where} ({reason}): free some space, then "
+                + (f"continue with: asyncfl run --resume {out}" if resumable else "run the command again"))
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"cannot write or read {where}: {reason}; choose another --out or change the permissions"
+    if error.errno == errno.ENAMETOOLONG:
+        return f"the path {where} is too long ({reason}); choose a shorter --out or file name"
+    if error.errno == errno.ENOTDIR:
+        return f"a part of the path {where} is a file, not a folder ({reason}); choose another --out or path"
+    return f"{where}: {reason}"
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Runs the parsed command; errors go up to :func:`main`'s boundary."""
     if args.command == "presets":
         from asyncfl_jax.presets import PRESETS
 
@@ -358,22 +512,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "algorithms":
         _print_algorithms()
         return 0
-    try:
-        cfg = _resumed_config(args) if args.resume is not None else _config_from_args(args)
-        if args.print_config:  # every option, defaults written out; dataset files need not exist yet
-            validate(cfg, check_files=False)
-            print(json.dumps(resolve(cfg).to_dict(), indent=2))
-            return 0
-        validate(cfg)
-        cfg = resolve(cfg)
-        if args.checkpoint_every < 1:
-            raise ConfigError(f"invalid option --checkpoint-every = {args.checkpoint_every}: must be an integer >= 1")
-        resume = True if args.resume is not None else _check_output(cfg, args.overwrite)
-    except ConfigError as e:
-        print(f"asyncfl: error: {e}", file=sys.stderr)
-        return 2
+    try:  # before anything touches a JAX device
+        from asyncfl_jax.distributed import initialize_from_options
 
-    from asyncfl_jax.checkpoint import CheckpointError, SimulationInterrupted
+        initialize_from_options(args.coordinator, args.num_processes, args.process_id, cluster=args.cluster)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not args.print_config:  # compiled programs are reused by the next identical run (compile_cache.py)
+        enable_compile_cache("off" if args.no_compile_cache else None)
+    cfg = _resumed_config(args) if args.resume is not None else _config_from_args(args)
+    if args.print_config:  # every option, defaults written out; dataset files need not exist yet
+        validate(cfg, check_files=False)
+        print(json.dumps(resolve(cfg).to_dict(), indent=2))
+        return 0
+    validate(cfg)
+    cfg = resolve(cfg)
+    if args.checkpoint_every < 1:
+        raise ConfigError(f"invalid option --checkpoint-every = {args.checkpoint_every}: must be an integer >= 1")
+    _check_out_path(cfg.output)
+    from asyncfl_jax.preflight import check_memory
+
+    check_memory(cfg)  # from the configuration alone, before any data or schedule is built
+    resume = True if args.resume is not None else _check_output(cfg, args.overwrite)
+
+    from asyncfl_jax.checkpoint import SimulationInterrupted
     from asyncfl_jax.experiment import run_config
 
     callbacks = []
@@ -383,27 +545,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             callbacks.append(TensorBoardLogger(args.tensorboard))
         except ImportError as e:
-            print(f"asyncfl: error: invalid option --tensorboard = {args.tensorboard!r}: {e}", file=sys.stderr)
-            return 2
+            raise ConfigError(f"invalid option --tensorboard = {args.tensorboard!r}: {e}") from None
     print(f"asyncfl: {len(cfg.runs)} run(s), seeds {cfg.seeds}, dataset {cfg.data.name} ({cfg.data.num_clients} "
           f"clients), model {cfg.model.name}; writing to {cfg.output}")
     try:
-        with _sigterm_interrupts(), log_to_stderr():  # SIGTERM outside the simulation loop stops like Ctrl-C
+        with log_to_stderr():  # SIGINT/SIGTERM outside the simulation loop: _signals' handlers (main)
             histories = run_config(cfg, progress=not args.no_progress, plot=not args.no_plot, resume=resume,
                                    checkpoint_every=None if args.no_checkpoint else args.checkpoint_every,
                                    callbacks=callbacks, overwrite=args.overwrite and not resume)
-    except (ConfigError, CheckpointError) as e:
-        print(f"asyncfl: error: {e}", file=sys.stderr)
-        return 2
     except SimulationInterrupted as e:
         print(f"asyncfl: {e}", file=sys.stderr)
         if e.checkpoint_dir is not None:
             print(f"asyncfl: continue with: asyncfl run --resume {cfg.output}", file=sys.stderr)
         return 143 if e.reason == "SIGTERM" else 130
-    except KeyboardInterrupt as e:
-        print(f"asyncfl: interrupted{' by SIGTERM' if isinstance(e, _Terminated) else ''}; finished runs are saved, "
-              f"continue with: asyncfl run --resume {cfg.output}", file=sys.stderr)
-        return 143 if isinstance(e, _Terminated) else 130
     for h in histories:
         for line in result_lines(h):
             print(line)

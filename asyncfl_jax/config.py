@@ -12,9 +12,12 @@ import dataclasses
 import difflib
 import json
 import math
+import os
 from typing import Any, Mapping
 
 from asyncfl_jax.algorithms import REGISTRY, get_algorithm
+from asyncfl_jax.errors import InputError
+from asyncfl_jax.precision import PRECISIONS
 from asyncfl_jax.timing.delays import DelayModel
 
 TFDS_DATASETS = ("tfds/mnist", "tfds/fashion_mnist", "tfds/emnist", "tfds/cifar10", "tfds/cifar100")
@@ -29,7 +32,7 @@ REFILLS = ("immediate", "boundary")
 AGGREGATIONS = ("count", "periodic", "poisson")
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """An invalid option: the message names the option, the value and what is allowed."""
 
 
@@ -190,7 +193,9 @@ class ExperimentConfig:
     """A whole experiment. ``eval_points``: number of evaluations per run (``eval_every`` overrides it, in steps).
     ``shard_jobs``: spread each step's jobs over all JAX devices; ``shard_replicas``: spread the replicas over them;
     ``shard_clients``: spread the per-client state (caches, residuals) over them along the client axis;
-    ``lookahead``: lookahead batching window ``L`` (1: off; see :func:`asyncfl_jax.engine.simulate`)."""
+    ``lookahead``: lookahead batching window ``L`` (1: off; see :func:`asyncfl_jax.engine.simulate`).
+    ``precision``: ``"float32"`` (default) or ``"float64"`` (:mod:`asyncfl_jax.precision`); ``trajectory``: record the
+    flat global model at every server step (``History.trajectory``, written to ``trajectory/<run>.npz``)."""
 
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -206,6 +211,8 @@ class ExperimentConfig:
     shard_replicas: bool = False
     shard_clients: bool = False
     lookahead: int = 1
+    precision: str = "float32"
+    trajectory: bool = False
     output: str = "runs/default"
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -219,13 +226,29 @@ class ExperimentConfig:
 
     @classmethod
     def from_json(cls, path: str) -> "ExperimentConfig":
+        """Reads a configuration file: a JSON object in UTF-8 (UTF-16 and UTF-32 with their byte-order mark are read
+        too, as :func:`json.loads` detects them). Any file that is not such an object (missing, a folder, unreadable,
+        binary, not JSON, not an object) raises :class:`ConfigError` saying which."""
+        if not isinstance(path, (str, os.PathLike)) or "\x00" in os.fspath(path):
+            raise ConfigError(f"config file {path!r} is not a file name")
+        if os.path.isdir(path):
+            raise ConfigError(f"config file {path!r} is a folder; give the path of a JSON file")
         try:
-            with open(path) as f:
-                raw = json.load(f)
+            with open(path, "rb") as f:
+                data = f.read()
         except FileNotFoundError:
             raise ConfigError(f"config file {path!r} does not exist") from None
+        except OSError as e:
+            raise ConfigError(f"config file {path!r} cannot be read: {e.strerror or e}") from None
+        try:
+            raw = json.loads(data)
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path!r} is not text (it cannot be decoded as UTF-8, UTF-16 or UTF-32): "
+                              "give a JSON file, e.g. one written by `asyncfl run --print-config`") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"config file {path!r} is not valid JSON: {e}") from None
+        except RecursionError:
+            raise ConfigError(f"config file {path!r} nests its JSON too deeply") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {path!r} must hold a JSON object")
         return cls.from_dict(raw)
@@ -294,6 +317,8 @@ def set_option(raw: dict[str, Any], assignment: str) -> None:
     if parts[0] == "runs" and len(parts) > 1:
         targets = raw.setdefault("runs", [])
         parts = parts[1:]
+        if not isinstance(targets, list) or not all(isinstance(t, dict) for t in targets):
+            raise ConfigError(f"--set {key}: option runs must be a list of runs (objects), got {targets!r}")
     for target in targets:
         node = target
         for p in parts[:-1]:
@@ -418,6 +443,8 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     """
     d = cfg.data
     _check_choice("data.name", d.name, DATASETS)
+    if d.path is not None and (not isinstance(d.path, str) or not d.path.strip() or "\x00" in d.path):
+        _fail("data.path", d.path, "must be null (the dataset's default folder) or the name of a folder")
     _check_int("data.num_clients", d.num_clients, 1)
     _check_choice("data.partition", d.partition, PARTITIONS)
     if d.partition == "natural" and d.name not in ("synthetic", *LEAF_DATASETS):
@@ -472,7 +499,7 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     m = cfg.model
     _check_choice("model.name", m.name, MODELS)
     _check_seed("model.seed", m.seed)
-    if not isinstance(m.hidden, list) or not all(isinstance(h, int) and h >= 1 for h in m.hidden):
+    if not isinstance(m.hidden, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in m.hidden):
         _fail("model.hidden", m.hidden, "must be a list of integers >= 1")
     if m.name in IMAGE_MODELS and d.name in ("synthetic", "leaf/shakespeare"):
         _fail("model.name", m.name, f"{m.name!r} needs image data (e.g. fashion_mnist, leaf/femnist); use "
@@ -508,6 +535,8 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
         _fail("seeds", cfg.seeds, "must not repeat a seed")
     if not isinstance(cfg.output, str) or not cfg.output.strip():
         _fail("output", cfg.output, "must name a folder (an empty --out would write into the current folder)")
+    if "\x00" in cfg.output:
+        _fail("output", cfg.output, "must not contain a NUL character")
     _check_int("eval_points", cfg.eval_points, 1)
     if not isinstance(cfg.shard_jobs, bool):
         _fail("shard_jobs", cfg.shard_jobs, "must be true or false")
@@ -516,6 +545,10 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     if not isinstance(cfg.shard_clients, bool):
         _fail("shard_clients", cfg.shard_clients, "must be true or false")
     _check_int("lookahead", cfg.lookahead, 1, "must be an integer >= 1 (1: no lookahead batching)")
+    if cfg.precision not in PRECISIONS:
+        _fail("precision", cfg.precision, f"must be one of {list(PRECISIONS)}")
+    if not isinstance(cfg.trajectory, bool):
+        _fail("trajectory", cfg.trajectory, "must be true or false")
     if cfg.shard_jobs and cfg.shard_replicas:
         _fail("shard_replicas", cfg.shard_replicas, "cannot be combined with shard_jobs: choose one axis to spread")
     if cfg.shard_clients and (cfg.shard_jobs or cfg.shard_replicas):
@@ -525,11 +558,11 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
         _check_int("eval_every", cfg.eval_every, 1)
     if not cfg.runs:
         _fail("runs", cfg.runs, "must hold at least one run")
+    for i, run in enumerate(cfg.runs):
+        _validate_run(f"runs[{i}]", run, cfg)
     labels = [r.name for r in cfg.runs]
     if len(set(labels)) != len(labels):
         _fail("runs", labels, "run labels must be unique (set runs[i].label)")
-    for i, run in enumerate(cfg.runs):
-        _validate_run(f"runs[{i}]", run, cfg)
 
 
 def _check_leaf_files(name: str, path: str | None) -> None:
@@ -550,8 +583,12 @@ def _check_leaf_files(name: str, path: str | None) -> None:
 def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
     n = cfg.data.num_clients
     _check_choice(f"{prefix}.algorithm", run.algorithm, sorted(REGISTRY))
+    if run.label is not None and (not isinstance(run.label, str) or not run.label.strip()):
+        _fail(f"{prefix}.label", run.label, "must be null (the algorithm's name) or a non-empty string")
     if not isinstance(run.options, dict):
         _fail(f"{prefix}.options", run.options, "must be an object of the algorithm's options")
+    if not isinstance(run.hparams, dict):
+        _fail(f"{prefix}.hparams", run.hparams, "must be an object NAME: value or NAME: [values...]")
     try:
         algorithm = get_algorithm(run.algorithm, **run.options)
     except ValueError as e:

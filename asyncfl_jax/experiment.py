@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from asyncfl_jax import checkpoint, outputs
+from asyncfl_jax import checkpoint, distributed, outputs
 from asyncfl_jax.algorithms import get_algorithm
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.config import ConfigError, ExperimentConfig, RunConfig, algorithm_defaults, resolve, validate
@@ -34,6 +34,7 @@ from asyncfl_jax.data.partition import partition as split_clients
 from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.engine import simulate
 from asyncfl_jax.models.core import make_model
+from asyncfl_jax.preflight import check_memory
 from asyncfl_jax.results import (
     History,
     environment_info,
@@ -45,6 +46,7 @@ from asyncfl_jax.results import (
     write_atomic,
     write_client_metrics,
     write_results,
+    write_trajectory,
 )
 from asyncfl_jax.task import Task, make_task
 from asyncfl_jax.timing.clock import EventClock
@@ -180,6 +182,8 @@ def run_experiment(
         checkpoint_every=checkpoint_every,
         resume=resume,
         callbacks=callbacks,
+        precision=cfg.precision,
+        trajectory=cfg.trajectory,
     )
 
 
@@ -302,7 +306,7 @@ def run_targets(cfg: ExperimentConfig) -> list[str]:
         targets += [f"schedules/{run.name}-seed{seed}.npz" for seed in cfg.seeds]
         pattern = os.path.join(glob.escape(os.path.join(cfg.output, "schedules")), f"{glob.escape(run.name)}-seed*.npz")
         targets += [f"schedules/{os.path.basename(p)}" for p in sorted(glob.glob(pattern))]
-        targets += [f"client_metrics/{run.name}.npz", f"checkpoints/{run.name}"]
+        targets += [f"client_metrics/{run.name}.npz", f"trajectory/{run.name}.npz", f"checkpoints/{run.name}"]
     return list(dict.fromkeys(targets))
 
 
@@ -348,7 +352,7 @@ def check_unchanged(cfg: ExperimentConfig) -> None:
                 + ". Nothing was changed: restore config.json, or start over with --overwrite or another --out")
 
 
-def decide_output(cfg: ExperimentConfig, overwrite: bool = False, resume: bool = False) -> str:
+def decide_output(cfg: ExperimentConfig, overwrite: bool = False, resume: bool = False, check_lock: bool = True) -> str:
     """What writing ``cfg`` to ``cfg.output`` does, or a ``ConfigError`` saying why it cannot (read-only):
 
     * "new": the folder is missing, empty, or holds only this package's bookkeeping (the lock file, the manifest,
@@ -366,7 +370,8 @@ def decide_output(cfg: ExperimentConfig, overwrite: bool = False, resume: bool =
     status = output_status(cfg)
     if status.kind == "not_a_folder":
         raise ConfigError(f"invalid option --out = {out!r}: it exists and is not a folder")
-    outputs.refuse_if_locked(out)
+    if check_lock:  # (the processes of a multi-process run other than process 0, which holds the lock, do not)
+        outputs.refuse_if_locked(out)
     if status.kind == "new":
         return "new"
     manifest = outputs.Manifest.load(out)  # an unreadable or edited manifest is refused, whatever comes next
@@ -407,7 +412,15 @@ def clean_output(output: str) -> list[str]:
     """Deletes what ``asyncfl run`` wrote to ``output`` as listed in its manifest (result files, schedules,
     checkpoints, saved Histories) and nothing else, never following a symbolic link (see
     :func:`asyncfl_jax.outputs.remove_listed`); returns the listed paths that were kept (e.g. a folder that also
-    holds files of others). Without a manifest nothing is deleted."""
+    holds files of others). Without a manifest nothing is deleted. In a run over several processes every process
+    calls it and process 0 deletes, between two barriers."""
+    distributed.sync("clean_output:before")
+    kept = _clean_output(output) if distributed.is_primary() else []
+    distributed.sync("clean_output:after")
+    return kept
+
+
+def _clean_output(output: str) -> list[str]:
     manifest = outputs.Manifest.load(output)
     if manifest is None:
         return []
@@ -426,7 +439,7 @@ def _start_writing(cfg: ExperimentConfig, decision: str, config: dict[str, Any])
     previous = outputs.Manifest.load(out)
     if decision == "overwrite":
         logger.info("--overwrite: deleting the earlier results listed in %s", os.path.join(out, outputs.MANIFEST_NAME))
-        clean_output(out)
+        _clean_output(out)
         previous = None
     if previous is not None:
         outputs.remove_orphans_of(previous)
@@ -474,30 +487,38 @@ def run_config(
     """
     validate(cfg)
     cfg = resolve(cfg)  # config.json holds every default
+    processes = distributed.process_count()
+    if processes > 1 and not (cfg.shard_replicas or cfg.shard_clients):
+        raise ConfigError(f"this run spans {processes} processes (jax.distributed): set shard_replicas or "
+                          "shard_clients (--shard-replicas, --shard-clients) to split it between them")
+    check_memory(cfg)  # what cannot fit is refused before any data or schedule is built
     checkpointing = write and checkpoint_every is not None
+    files = write and distributed.is_primary()  # checkpoints: every process (its shards); other files: process 0
     if checkpointing and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
                           or checkpoint_every < 1):
         raise ConfigError(f"invalid option checkpoint_every = {checkpoint_every!r}: must be an integer >= 1")
     if not write:
-        return _run_all(cfg, None, progress, plot, None, False, callbacks)
+        return _run_all(cfg, None, False, progress, plot, None, False, callbacks)
     check_output_paths(cfg)
-    with outputs.OutputLock(cfg.output):
-        decision = decide_output(cfg, overwrite=overwrite, resume=resume)
-        return _run_all(cfg, decision, progress, plot, checkpoint_every if checkpointing else None,
+    with outputs.OutputLock(cfg.output) if files else contextlib.nullcontext():  # process 0 holds the lock
+        decision = decide_output(cfg, overwrite=overwrite, resume=resume, check_lock=files)
+        distributed.sync("run_config:checked")  # every process looked at the output folder before anything is written
+        return _run_all(cfg, decision, files, progress, plot, checkpoint_every if checkpointing else None,
                         decision == "continue", callbacks)
 
 
-def _run_all(cfg: ExperimentConfig, decision: str | None, progress: bool, plot: bool, checkpoint_every: int | None,
-             resume: bool, callbacks: Sequence[Any]) -> list[History]:
-    """The runs of ``cfg`` (resolved); with a ``decision`` (:func:`decide_output`, the folder locked) their files
-    are written, listed in the manifest first; without one nothing is written."""
+def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress: bool, plot: bool,
+             checkpoint_every: int | None, resume: bool, callbacks: Sequence[Any]) -> list[History]:
+    """The runs of ``cfg`` (resolved). With a ``decision`` (:func:`decide_output`) the runs are checkpointed when
+    ``checkpoint_every`` is given, and with ``files`` (process 0, the folder locked) the result files are written,
+    each listed in the manifest first; without a decision nothing is written."""
     write = decision is not None
     config = cfg.to_dict()
-    environment = {**environment_info(), **invocation_info()} if write else None
+    environment = {**environment_info(), **invocation_info()} if files else None
     task = build_task(cfg)
     schedules_of = {0: build_schedules(cfg, cfg.runs[0])}  # the first run's schedule files are read before writing
     manifest = None
-    if write:
+    if files:
         manifest = _start_writing(cfg, decision, config)
         try:
             paths = manifest.add("config.json", "environment.json")
@@ -510,28 +531,37 @@ def _run_all(cfg: ExperimentConfig, decision: str | None, progress: bool, plot: 
     histories = []
     for i, run in enumerate(cfg.runs):
         schedules = schedules_of.pop(i) if i in schedules_of else build_schedules(cfg, run)
-        if write and run.protocol.name != "event_clock":  # the exact schedules, to replay the run (schedule_files)
+        if files and run.protocol.name != "event_clock":  # the exact schedules, to replay the run (schedule_files)
             save_schedules(cfg, run, schedules, manifest)
         folder = None
         if write and checkpoint_every is not None:
-            (folder,) = manifest.add(f"checkpoints/{run.name}", kind="checkpoints")
-            outputs.remove_orphan_temporaries(folder, ("history.json", "history.npz"))
+            if files:
+                (folder,) = manifest.add(f"checkpoints/{run.name}", kind="checkpoints")
+                outputs.remove_orphan_temporaries(folder, ("history.json", "history.npz"))
+            else:
+                folder = checkpoint_dir_for(cfg.output, run)
         meta = {"config": _comparable(config), "run": run.name}
         history = load_history(folder, meta) if folder is not None and resume else None
         if history is not None:
             logger.info("%s: finished earlier; its History is loaded from %s", run.name, folder)
         else:
-            if folder is not None:
+            if folder is not None and distributed.is_primary():
                 remove_history(folder)  # never reuse a History of an earlier configuration
             history = run_experiment(cfg, run, task, schedules, progress=progress, checkpoint_dir=folder,
                                      checkpoint_every=checkpoint_every or 1, resume=resume, callbacks=callbacks)
-            if write and history.realized_schedules is not None:  # the events the clocked run went through
+            if files and history.realized_schedules is not None:  # the events the clocked run went through
                 save_realized_schedules(cfg, run, history, manifest)
-            if folder is not None:
+            if files:  # now, not with the results: a finished run's History is reloaded without its trajectory
+                if history.trajectory is not None:
+                    manifest.add(f"trajectory/{history.label}.npz")
+                write_trajectory(cfg.output, history)
+            if folder is not None and distributed.is_primary():
                 save_history(history, folder, meta)
                 checkpoint.clear(folder)  # the History holds all that is left to know
+            if folder is not None:
+                distributed.sync(f"run_config:{run.name}")  # every process sees the run finished
         histories.append(history)
-    if write:
+    if files:
         manifest.add(*OUTPUT_FILES[:4], *OUTPUT_FILES[4:] * plot)
         write_results(cfg.output, config, histories, plot=plot, environment=environment)
         for history in histories:

@@ -180,6 +180,11 @@ class History:
       client_metrics: with a per-client test split, name -> float [R, E, C] (``client_accuracy``, ``client_loss``):
         each evaluated client's metric on its own test examples at every evaluation; None otherwise.
       client_ids: int [C], the ids of the evaluated clients (the last axis of ``client_metrics``); None otherwise.
+      precision: the run's float precision, ``"float32"`` or ``"float64"`` (:mod:`asyncfl_jax.precision`).
+      trajectory: with ``simulate(..., trajectory=...)``, the record of the global model at every server step: an
+        array ``[R, T + 1, ...]`` (or a pytree of them, as the record function returns), ``[:, t]`` being the record
+        of ``x_t`` (``t = 0``: the initial model, after the initialization round); None otherwise. Not in the
+        History file (``asyncfl run --trajectory`` writes ``trajectory/<run>.npz``, :func:`write_trajectory`).
     """
 
     label: str
@@ -205,6 +210,8 @@ class History:
     job_steps: np.ndarray | None = None
     client_metrics: dict[str, np.ndarray] | None = None
     client_ids: np.ndarray | None = None
+    precision: str = "float32"
+    trajectory: Any = None
 
     @property
     def num_replicas(self) -> int:
@@ -361,6 +368,7 @@ class History:
             "message_bits": self.message_bits,
             "upload_bits": _floats(self.upload_bits[:, -1]) if self.message_bits else None,
             **({"lookahead": self.lookahead} if self.lookahead else {}),
+            **({"precision": self.precision} if self.precision != "float32" else {}),
         }
 
 
@@ -493,7 +501,11 @@ def load_results(folder: str) -> list[History]:
     for entry in summary["runs"]:
         history = _history_from_files(entry, [r for r in rows if r["run"] == entry["run"]], paths["metrics.csv"])
         saved = load_history(os.path.join(folder, "checkpoints", entry["run"]))
-        histories.append(saved if saved is not None and _same_values(saved, history) else history)
+        chosen = saved if saved is not None and _same_values(saved, history) else history
+        trajectory = os.path.join(folder, "trajectory", f"{entry['run']}.npz")
+        if os.path.isfile(trajectory):
+            chosen = dataclasses.replace(chosen, trajectory=read_trajectory(trajectory))
+        histories.append(chosen)
     return histories
 
 
@@ -525,7 +537,8 @@ def _history_from_files(entry: dict[str, Any], rows: list[dict[str, str]], path:
         diverged_at=np.asarray(entry["diverged_at"], dtype=np.int64), schedule_stats=entry["schedule"],
         num_steps=int(entry["num_steps"]), stopped_early=bool(entry["stopped_early"]),
         compile_seconds=float(entry["compile_seconds"]), run_seconds=float(entry["run_seconds"]),
-        memory=entry.get("memory"), message_bits=entry.get("message_bits"), lookahead=entry.get("lookahead"))
+        memory=entry.get("memory"), message_bits=entry.get("message_bits"), lookahead=entry.get("lookahead"),
+        precision=entry.get("precision", "float32"))
 
 
 def _same_values(saved: History, rebuilt: History) -> bool:
@@ -582,6 +595,44 @@ def write_client_metrics(out_dir: str, history: History) -> str | None:
     with atomic_file(path) as f:
         np.savez(f, **arrays)
     return path
+
+
+TRAJECTORY_KEY = "trajectory"  # the npz entry of a trajectory that is one array (the flat model of --trajectory)
+
+
+def write_trajectory(out_dir: str, history: History) -> str | None:
+    """Writes ``<out_dir>/trajectory/<run>.npz`` (atomically) when ``history`` has a trajectory: ``seeds`` [R] and
+    the trajectory: one array ``trajectory`` [R, T + 1, ...] (``asyncfl run --trajectory``: the flat global model
+    ``x_t`` of every replica at every step ``t``), or, for a pytree record, one entry per leaf named by its key path
+    (``jax.tree_util.keystr``, e.g. ``['norm']``). Returns the path, or None (nothing written) without a trajectory.
+    :func:`read_trajectory` reads it back."""
+    if history.trajectory is None:
+        return None
+    path = os.path.join(out_dir, "trajectory", f"{history.label}.npz")
+    arrays = {"seeds": np.asarray(history.seeds, np.int64), **_trajectory_arrays(history.trajectory)}
+    with atomic_file(path) as f:
+        np.savez(f, **arrays)
+    return path
+
+
+def _trajectory_arrays(trajectory: Any) -> dict[str, np.ndarray]:
+    import jax
+
+    if isinstance(trajectory, np.ndarray):
+        return {TRAJECTORY_KEY: trajectory}
+    leaves = jax.tree_util.tree_flatten_with_path(trajectory)[0]
+    out = {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
+    if TRAJECTORY_KEY in out or "seeds" in out or len(out) != len(leaves):
+        raise ValueError(f"the trajectory's leaves cannot be named apart in a file: {sorted(out)}")
+    return out
+
+
+def read_trajectory(path: str) -> Any:
+    """The trajectory of a file written by :func:`write_trajectory`: the array ``[R, T + 1, ...]``, or a dict from
+    each leaf's key path to its array for a pytree record."""
+    with np.load(path) as f:
+        arrays = {k: f[k] for k in f.files if k != "seeds"}
+    return arrays[TRAJECTORY_KEY] if list(arrays) == [TRAJECTORY_KEY] else arrays
 
 
 # ---------------------------------------------------------------------------------------------------- reproducibility
@@ -680,7 +731,7 @@ def save_history(history: History, directory: str, meta: Any = None) -> list[str
     array_dicts: dict[str, list[str]] = {}
     for f in dataclasses.fields(History):
         value = getattr(history, f.name)
-        if f.name == "realized_schedules":  # written as schedule files by the runner, not part of the History file
+        if f.name in ("realized_schedules", "trajectory"):  # written as files of their own by the runner
             continue
         if isinstance(value, np.ndarray):
             arrays[f"array__{f.name}"] = value

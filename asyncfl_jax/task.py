@@ -351,7 +351,7 @@ def example_metrics(model: Model, loss: Loss, flat: jax.Array, x: jax.Array, y: 
     if loss is CLASSIFICATION:
         logits = model.forward(params, x, None)
         return {"loss": optax.softmax_cross_entropy_with_integer_labels(logits, y),
-                "accuracy": (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)}
+                "accuracy": (jnp.argmax(logits, axis=-1) == y).astype(logits.dtype)}
     if loss is REGRESSION:
         return {"loss": squared_errors(model.forward(params, x, None), y)}
 

@@ -24,6 +24,11 @@ What it measures (everything in the same run, so ratios are meaningful on a nois
   c. ratios: engine/baseline client updates per second; achieved local-training GFLOP/s (jobs trained x FLOPs per
      job from ``local_flops_per_job``, i.e. XLA's cost analysis of one fwd+bwd on B examples x K) and its fraction
      of the measured matmul peak.
+* ``torch``: the plain-PyTorch yardstick (``bench_yardstick.py``, ``bench_torch.py``; needs ``torch``, the
+  ``bench`` extra): the FedBuff setting above as the per-event loop a researcher would write in PyTorch (1 and 2
+  threads, same partition and schedule) against the engine, for logreg, the MLP and the CNN, each side's GFLOP/s as a
+  fraction of the matmul peak; and end to end, the process wall time of a 2,000-arrival ``asyncfl run`` (empty and
+  warm compilation cache) against the PyTorch process.
 * ``ace``: ACE (``get_algorithm("ace")``, all_active protocol, n=1000, one minibatch gradient of B=32 per job, the
   initialization round) on Fashion-MNIST logistic regression: engine vs the per-event loop (which also runs the
   initialization round client by client), with lookahead batching off (L=1) and on (L = 8, 32, 64), the lookahead
@@ -74,6 +79,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_scale.py, next to this file
 import bench_scale  # noqa: E402
+import bench_yardstick  # noqa: E402
 from bench_scale import bench_baseline, bench_engine  # noqa: E402
 
 from asyncfl_jax.algorithms import fedbuff  # noqa: E402
@@ -96,6 +102,9 @@ CLIENT_LR = 0.05
 SERVER_LR = 1.0
 SEED = 0
 
+SETTING = {"num_clients": NUM_CLIENTS, "concurrency": CONCURRENCY, "buffer_size": BUFFER, "refill": REFILL,
+           "local_steps": K, "batch_size": B, "client_lr": CLIENT_LR, "server_lr": SERVER_LR, "seed": SEED}
+
 TARGET_SPEEDUP_LOGREG = 10.0  # core issue: engine >= 10x the per-event loop (client updates/s), logistic regression
 TARGET_PEAK_FRACTION_MLP = 0.5  # core issue: engine local training >= 50% of the measured matmul GFLOP/s, MLP
 TARGET_SPEEDUP = bench_scale.TARGET_SPEEDUP  # performance and scale: FedBuff and ACE >= 30x the per-event loop
@@ -110,7 +119,7 @@ CHECK_RTOL = bench_scale.CHECK_RTOL  # engine vs baseline: max |diff| <= CHECK_R
 # grows to ~1e-5 after 5 steps and ~1.5e-3 after 20-30 (measured); training different clients or keys would differ
 # by O(max |x|).
 
-PARTS = ("matmul", "fedbuff", "ace", "ca2fl", "scaling", "replicas", "compile", "schedules")
+PARTS = ("matmul", "fedbuff", "torch", "ace", "ca2fl", "scaling", "replicas", "compile", "schedules")
 
 
 def log(msg: str) -> None:
@@ -452,6 +461,36 @@ def print_replicas(rp: dict[str, Any]) -> None:
     print(RULE)
 
 
+def print_torch(tr: dict[str, Any]) -> None:
+    if "skipped" in tr:
+        print(f"PyTorch yardstick: skipped ({tr['skipped']})")
+        print(RULE)
+        return
+    print(f"PyTorch yardstick (torch {tr['torch']}): FedBuff, same partition and schedule; client updates / s "
+          "(best chunk / best segment), GFLOP/s and fraction of the matmul peak")
+    for name, r in tr["steady"].items():
+        e = r["engine"]
+        cells = [f"engine {e['best_chunk_updates_per_second']:.1f} ({e['gflops']:.1f} GFLOP/s"
+                 + (f", {e['fraction_of_peak']:.0%} of peak)" if "fraction_of_peak" in e else ")")]
+        for t, x in r["torch"].items():
+            cells.append(f"PyTorch {t}T {x['best_segment_updates_per_second']:.1f} ({x['gflops']:.1f} GFLOP/s"
+                         + (f", {x['fraction_of_peak']:.0%})" if "fraction_of_peak" in x else ")")
+                         + f" -> {x['engine_over_torch_best']:.2f}x")
+        print(f"  {name:<6} " + " | ".join(cells))
+    e2e = tr.get("end_to_end", {})
+    if "skipped" in e2e:
+        print(f"  end to end: skipped ({e2e['skipped']})")
+    for name in bench_yardstick.E2E_MODELS:
+        if name in e2e:
+            r = e2e[name]
+            torch_text = ", ".join(f"{t}T {x['process_seconds']:.1f} s" for t, x in r["torch"].items())
+            print(f"  {name:<6} {e2e['arrivals']} arrivals, process wall time: asyncfl run "
+                  f"{r['engine_cold_cache']['process_seconds']:.1f} s (empty cache), "
+                  f"{r['engine_warm_cache']['process_seconds']:.1f} s (warm); PyTorch {torch_text} -> "
+                  f"{r['speedup_cold']:.2f}x / {r['speedup_warm']:.2f}x")
+    print(RULE)
+
+
 def print_targets(res: dict[str, Any]) -> None:
     print("targets")
     for t in res["targets"]:
@@ -465,6 +504,8 @@ def print_table(res: dict[str, Any]) -> None:
     print_header(res)
     if res.get("models"):
         print_fedbuff(res)
+    if res.get("torch"):
+        print_torch(res["torch"])
     if res.get("algorithms"):
         print_algorithms(res)
     if res.get("scaling"):
@@ -514,6 +555,16 @@ def targets_of(res: dict[str, Any]) -> list[dict[str, Any]]:
                     f"{'PASS' if paired >= TARGET_PEAK_FRACTION_MLP else 'MISS'}; informational)")
         targets.append(_target("FedBuff mlp: engine local-training GFLOP/s / matmul peak", v, TARGET_PEAK_FRACTION_MLP,
                                note=note))
+    tr = res.get("torch", {})
+    steady = tr.get("steady", {})
+    if "logreg" in steady:
+        targets.append(_target("FedBuff logreg: engine / plain PyTorch loop (best threads)",
+                               steady["logreg"]["engine_over_best_torch"], bench_yardstick.TARGET_STEADY_LOGREG))
+    for name, target in bench_yardstick.TARGET_E2E.items():
+        r = tr.get("end_to_end", {}).get(name)
+        if r:
+            targets.append(_target(f"{name}: PyTorch / asyncfl run process wall time, 2,000 arrivals (warm cache)",
+                                   r["speedup_warm"], target, note=f"(empty cache: {r['speedup_cold']:.2f}x)"))
     algos = res.get("algorithms", {})
     if "ace" in algos:
         a = algos["ace"]
@@ -553,6 +604,8 @@ def main(argv=None) -> int:
     p.add_argument("--plot", default=None,
                    help="the plot's file (default: the --out file with .png instead of .json; none without --out)")
     p.add_argument("--models", default="logreg,mlp", help="FedBuff part: comma-separated subset of logreg,mlp")
+    p.add_argument("--torch-models", default="logreg,mlp,cnn",
+                   help="torch part: comma-separated subset of logreg,mlp,cnn")
     p.add_argument("--skip-schedules", action="store_true", help="skip the schedule-sampling timings")
     p.add_argument("--real-init-max-n", type=int, default=None,
                    help="scaling part: run the engine's init (initial jobs, ACE's initialization round) up to this n "
@@ -570,7 +623,7 @@ def main(argv=None) -> int:
             p.error(f"unknown part {x!r}; choose from {','.join(PARTS)}")
     if args.skip_schedules and "schedules" in parts:
         parts.remove("schedules")
-    if "fedbuff" in parts and "matmul" not in parts:
+    if ("fedbuff" in parts or "torch" in parts) and "matmul" not in parts:
         parts.insert(0, "matmul")  # the FedBuff part reports GFLOP/s as a fraction of the matmul peak
     plan = {"full": FULL, "quick": QUICK, "smoke": SMOKE}[mode]
     scale_plan = bench_scale.PLANS[mode]
@@ -580,6 +633,10 @@ def main(argv=None) -> int:
     for m in models:
         if m not in plan:
             p.error(f"unknown model {m!r}; choose from {sorted(plan)}")
+    torch_models = [m.strip() for m in args.torch_models.split(",") if m.strip()]
+    for m in torch_models:
+        if m not in bench_yardstick.PLANS[mode]:
+            p.error(f"unknown --torch-models entry {m!r}; choose from logreg, mlp, cnn")
     if args.steps is not None and args.steps < 1:
         p.error("--steps must be >= 1")
     env = {"jax": jax.__version__, "backend": jax.default_backend(), "device": str(jax.devices()[0]),
@@ -600,7 +657,7 @@ def main(argv=None) -> int:
         seconds["matmul"] = time.perf_counter() - t0
 
     ds = data_note = None
-    if any(x in parts for x in ("fedbuff", "ace", "ca2fl", "scaling", "replicas")):
+    if any(x in parts for x in ("fedbuff", "torch", "ace", "ca2fl", "scaling", "replicas")):
         ds, data_note = load_data()
     res["data"] = data_note or "synthetic LEAF (compile part only)"
 
@@ -625,6 +682,13 @@ def main(argv=None) -> int:
                           "engine_timing": "compile, initial jobs and first chunk excluded; evaluation sets shrunk "
                                            "to 2 examples (full evaluation cost reported separately)"}
         seconds["fedbuff"] = time.perf_counter() - t0
+
+    if "torch" in parts:
+        log("2'. the plain-PyTorch yardstick (FedBuff, same partition and schedule)")
+        t0 = time.perf_counter()
+        res["torch"] = bench_yardstick.run_part(ds, partition("iid", ds.train_y, NUM_CLIENTS, SEED), mode, SETTING,
+                                                models=tuple(torch_models))
+        seconds["torch"] = time.perf_counter() - t0
 
     for name in ("ace", "ca2fl"):
         if name in parts:
@@ -659,6 +723,10 @@ def main(argv=None) -> int:
                          "peak_gflops": max(res["matmul"]["peak_gflops"], mm_end["peak_gflops"])}
         for r in res.get("models", []):
             r["engine_fraction_of_peak"] = r["engine"]["gflops"] / res["matmul"]["peak_gflops"]
+        for r in res.get("torch", {}).get("steady", {}).values():
+            r["engine"]["fraction_of_peak"] = r["engine"]["gflops"] / res["matmul"]["peak_gflops"]
+            for tr in r["torch"].values():
+                tr["fraction_of_peak"] = tr["gflops"] / res["matmul"]["peak_gflops"]
 
     if "schedules" in parts:
         log("7. schedule sampling")

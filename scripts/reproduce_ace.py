@@ -19,7 +19,9 @@ It writes ``table.md``, ``results.json``, ``accuracy.png``, ``accuracy_steps.png
 
 import sys
 
+from asyncfl_jax.compile_cache import enable_compile_cache
 from asyncfl_jax.reproduce.ace import main
 
 if __name__ == "__main__":
+    enable_compile_cache()  # reuse compiled programs across runs; ASYNCFL_COMPILE_CACHE=off turns it off
     sys.exit(main())

@@ -18,7 +18,9 @@ It writes ``table.md``, ``results.json``, ``curves_<setting>.png`` and, with two
 
 import sys
 
+from asyncfl_jax.compile_cache import enable_compile_cache
 from asyncfl_jax.reproduce.area import main
 
 if __name__ == "__main__":
+    enable_compile_cache()  # reuse compiled programs across runs; ASYNCFL_COMPILE_CACHE=off turns it off
     sys.exit(main())

@@ -7,7 +7,9 @@ options. It writes ``table.md`` and ``results.json`` to ``--out``.
 
 import sys
 
+from asyncfl_jax.compile_cache import enable_compile_cache
 from asyncfl_jax.reproduce.defaults import main
 
 if __name__ == "__main__":
+    enable_compile_cache()  # reuse compiled programs across runs; ASYNCFL_COMPILE_CACHE=off turns it off
     sys.exit(main())

@@ -76,7 +76,7 @@ def area(lr_schedule: str = "constant") -> Algorithm:
         raise ValueError(f"lr_schedule must be one of {list(LR_SCHEDULES)}, got {lr_schedule!r}")
 
     def init(x0: jax.Array, num_clients: int) -> AREAState:
-        return AREAState(x=x0, events=jnp.float32(0.0), num_clients=jnp.float32(num_clients))
+        return AREAState(x=x0, events=jnp.zeros((), x0.dtype), num_clients=jnp.asarray(num_clients, x0.dtype))
 
     def init_clients(x0: jax.Array, num_clients: int) -> jax.Array:
         return jnp.tile(x0[None, :], (num_clients, 1))  # y_i = x_{s,0}
@@ -89,7 +89,7 @@ def area(lr_schedule: str = "constant") -> Algorithm:
     def server(state: AREAState, messages: jax.Array, meta: ServerMeta, hp: HParams) -> AREAState:
         del hp
         u = masked_weighted_sum(messages, meta.mask.astype(messages.dtype)) / state.num_clients  # u = (1/n) sum m_i
-        receipts = jnp.sum(meta.mask).astype(jnp.float32)
+        receipts = jnp.sum(meta.mask).astype(state.events.dtype)
         return state._replace(x=state.x + u, events=state.events + receipts + 1.0)  # x_s <- x_s + u
 
     def local_hparams(state: AREAState, hp: HParams) -> HParams:

@@ -96,7 +96,7 @@ def asyncfeded(initial_steps: int = 10, max_steps: int = 50, min_steps: int = 1,
 
     def init(x0: jax.Array, num_clients: int) -> AsyncFedEDState:
         return AsyncFedEDState(x=x0, steps=jnp.full((num_clients,), initial_steps, jnp.int32),
-                               last_gamma=jnp.full((num_clients,), jnp.nan, jnp.float32))
+                               last_gamma=jnp.full((num_clients,), jnp.nan, x0.dtype))
 
     def client(x_start: jax.Array, delta: jax.Array, client_state, hp: HParams):
         del hp

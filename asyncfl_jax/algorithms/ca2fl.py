@@ -80,7 +80,7 @@ def ca2fl(cache: str = "float32", cache_rounding: str = "stochastic", quantize_f
     store = make_cache(cache, cache_rounding, cache_code)
 
     def init(x0: jax.Array, num_clients: int) -> CA2FLState:
-        return CA2FLState(x=x0, cache=store.init(num_clients, x0.shape[0]), cache_mean=jnp.zeros_like(x0))
+        return CA2FLState(x=x0, cache=store.init(num_clients, x0.shape[0], x0.dtype), cache_mean=jnp.zeros_like(x0))
 
     def server(state: CA2FLState, deltas: jax.Array, meta: ServerMeta, hp: HParams) -> CA2FLState:
         n = jax.tree_util.tree_leaves(state.cache)[0].shape[0]

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from asyncfl_jax.algorithms.base import after, read_rows
+from asyncfl_jax.precision import float_dtype
 
 CACHE_KINDS = ("float32", "bfloat16", "int8", "int4", "int2")
 ROUNDINGS = ("stochastic", "nearest")
@@ -67,24 +68,26 @@ class QuantizedRows(NamedTuple):
     scale: jax.Array
 
 
-def _rounding_offsets(shape: tuple[int, ...], bits: int, rounding: str, key: jax.Array | None) -> jax.Array:
+def _rounding_offsets(shape: tuple[int, ...], bits: int, rounding: str, key: jax.Array | None,
+                      dtype: Any = jnp.float32) -> jax.Array:
     """``r`` of ``floor(v / scale + r)``: 0.5 for nearest rounding, ``U[0, 1)`` per entry for stochastic (unbiased)
-    rounding; checks ``bits`` and ``rounding`` first."""
+    rounding (drawn in ``dtype``, the run's precision); checks ``bits`` and ``rounding`` first."""
     if bits not in (8, 4, 2):
         raise ValueError(f"bits must be 8, 4 or 2, got {bits!r}")
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding must be one of {list(ROUNDINGS)}, got {rounding!r}")
     if rounding == "nearest":
-        return jnp.float32(0.5)
+        return jnp.asarray(0.5, dtype)
     if key is None:
         raise ValueError("stochastic rounding needs a PRNG key")
-    return jax.random.uniform(key, shape, jnp.float32)
+    return jax.random.uniform(key, shape, dtype)
 
 
 def quantize(values: jax.Array, bits: int, rounding: str = "stochastic", key: jax.Array | None = None) -> QuantizedRows:
     """Quantizes each row of ``values`` [k, d] to ``bits`` in {8, 4, 2} bits (see the module docstring)."""
-    r = _rounding_offsets(values.shape, bits, rounding, key)
-    values = values.astype(jnp.float32)
+    dtype = float_dtype(values)
+    r = _rounding_offsets(values.shape, bits, rounding, key, dtype)
+    values = values.astype(dtype)
     levels = 2**bits - 1
     lo = jnp.min(values, axis=1)
     scale = (jnp.max(values, axis=1) - lo) / levels
@@ -94,8 +97,8 @@ def quantize(values: jax.Array, bits: int, rounding: str = "stochastic", key: ja
 
 
 def dequantize(q: QuantizedRows, bits: int, dim: int) -> jax.Array:
-    """``Q(v) = lo + code * scale`` as float32 [k, dim]."""
-    codes = _unpack(q.codes, bits, dim).astype(jnp.float32)
+    """``Q(v) = lo + code * scale`` as float [k, dim] (the dtype of the scales: float32, float64 in a float64 run)."""
+    codes = _unpack(q.codes, bits, dim).astype(q.scale.dtype)
     return q.lo[:, None] + codes * q.scale[:, None]
 
 
@@ -114,8 +117,9 @@ class AbsmaxRows(NamedTuple):
 def quantize_absmax(values: jax.Array, bits: int, rounding: str = "stochastic",
                     key: jax.Array | None = None) -> AbsmaxRows:
     """Quantizes each row of ``values`` [k, d] to the symmetric ``bits``-bit code (see the module docstring)."""
-    r = _rounding_offsets(values.shape, bits, rounding, key)
-    values = values.astype(jnp.float32)
+    dtype = float_dtype(values)
+    r = _rounding_offsets(values.shape, bits, rounding, key, dtype)
+    values = values.astype(dtype)
     levels = 2 ** (bits - 1) - 1
     scale = jnp.max(jnp.abs(values), axis=1) / levels  # max|v| / L
     safe = jnp.where(scale > 0, scale, 1.0)
@@ -124,9 +128,9 @@ def quantize_absmax(values: jax.Array, bits: int, rounding: str = "stochastic",
 
 
 def dequantize_absmax(q: AbsmaxRows, bits: int, dim: int) -> jax.Array:
-    """``Q(v) = (code - L) * scale`` as float32 [k, dim]."""
+    """``Q(v) = (code - L) * scale`` as float [k, dim] (the dtype of the scales)."""
     levels = 2 ** (bits - 1) - 1
-    codes = _unpack(q.codes, bits, dim).astype(jnp.float32)
+    codes = _unpack(q.codes, bits, dim).astype(q.scale.dtype)
     return (codes - levels) * q.scale[:, None]
 
 
@@ -173,19 +177,20 @@ class ClientCache(NamedTuple):
     def bits(self) -> int:
         return _BITS.get(self.kind, 32 if self.kind == "float32" else 16)
 
-    def init(self, n: int, d: int) -> Any:
+    def init(self, n: int, d: int, dtype: Any = jnp.float32) -> Any:
+        """All rows zero; ``dtype`` is the run's precision (the "float32" kind's rows and the int kinds' scales)."""
         if self.kind == "float32":
-            return jnp.zeros((n, d), jnp.float32)
+            return jnp.zeros((n, d), dtype)
         if self.kind == "bfloat16":
             return jnp.zeros((n, d), jnp.uint16)  # the bits of bfloat16 values (see encode)
         codes = jnp.zeros((n, _packed_width(d, self.bits)), jnp.uint8)
         if self.code == "absmax":  # all rows zero: scale 0 (the codes are then irrelevant)
-            return AbsmaxRows(codes=codes, scale=jnp.zeros((n,), jnp.float32))
-        return QuantizedRows(codes=codes, lo=jnp.zeros((n,), jnp.float32), scale=jnp.zeros((n,), jnp.float32))
+            return AbsmaxRows(codes=codes, scale=jnp.zeros((n,), dtype))
+        return QuantizedRows(codes=codes, lo=jnp.zeros((n,), dtype), scale=jnp.zeros((n,), dtype))
 
     def encode(self, values: jax.Array, key: jax.Array | None) -> Any:
-        if self.kind == "float32":
-            return values.astype(jnp.float32)
+        if self.kind == "float32":  # exact: the run's precision (float64 rows in a float64 run)
+            return values.astype(float_dtype(values))
         if self.kind == "bfloat16":
             # Stored as the raw 16 bits: XLA:CPU has no bfloat16 arithmetic and would otherwise convert the whole
             # n x d buffer to float32 and back to write one row.
@@ -260,7 +265,7 @@ def replace_rows(cache: ClientCache, store: Any, values: jax.Array, clients: jax
     old = cache.read(store, rows, d)
     # Encode values that depend on the read rows (see base.after), so XLA writes the new rows in place. This is done
     # on the float32 values: XLA folds ``x * 0`` for integer codes, which would drop the dependency.
-    encoded = cache.encode(after(values.astype(jnp.float32), old), key)
+    encoded = cache.encode(after(values.astype(float_dtype(values)), old), key)
     stored = cache.decode(encoded, d)
     earlier, has_later = _duplicates(rows, mask)
     previous = jnp.where((earlier >= 0)[:, None], stored[jnp.maximum(earlier, 0)], old)

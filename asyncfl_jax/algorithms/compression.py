@@ -379,7 +379,7 @@ def _wrap(algorithm: Algorithm, compressor: str | Compressor, with_error_feedbac
     def init_clients(x0: jax.Array, num_clients: int):
         own = CompressionClientState()
         if with_error_feedback:
-            own = own._replace(error=jnp.zeros((num_clients, x0.shape[-1]), jnp.float32))  # e_0^(i) = 0
+            own = own._replace(error=jnp.zeros((num_clients, x0.shape[-1]), x0.dtype))  # e_0^(i) = 0
         if comp.stochastic:
             base = jax.random.PRNGKey(compression_seed)
             keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(num_clients, dtype=jnp.uint32))
@@ -500,7 +500,7 @@ def asynfl(normalization: str = "clients") -> Algorithm:
         raise ValueError(f"asynfl normalization must be one of {list(ASYNFL_NORMALIZATIONS)}, got {normalization!r}")
 
     def init(x0: jax.Array, num_clients: int) -> AsynFLState:
-        return AsynFLState(x=x0, num_clients=jnp.float32(num_clients))
+        return AsynFLState(x=x0, num_clients=jnp.asarray(num_clients, x0.dtype))
 
     def server(state: AsynFLState, deltas: jax.Array, meta: ServerMeta, hp: HParams) -> AsynFLState:
         total = masked_weighted_sum(deltas, meta.mask.astype(deltas.dtype))  # sum_{i in S_t} Delta_i

@@ -94,7 +94,7 @@ def _memory_algorithm(name: str, direction: float, rule: str, cache: str, cache_
     store = make_cache(cache, cache_rounding, cache_code)
 
     def init(x0: jax.Array, num_clients: int) -> MemoryState:
-        return MemoryState(x=x0, cache=store.init(num_clients, x0.shape[0]), cache_mean=jnp.zeros_like(x0))
+        return MemoryState(x=x0, cache=store.init(num_clients, x0.shape[0], x0.dtype), cache_mean=jnp.zeros_like(x0))
 
     def remember(state: MemoryState, messages: jax.Array, meta: ServerMeta) -> MemoryState:
         """``U_j <- g_j`` for the arrivals, and the mean of the cache; the model is unchanged."""
@@ -178,7 +178,7 @@ def aced(active: str = "since_report", cache: str = "float32", cache_rounding: s
     store = make_cache(cache, cache_rounding, cache_code)
 
     def init(x0: jax.Array, num_clients: int) -> ACEDState:
-        return ACEDState(x=x0, cache=store.init(num_clients, x0.shape[0]),
+        return ACEDState(x=x0, cache=store.init(num_clients, x0.shape[0], x0.dtype),
                          t_start=jnp.zeros((num_clients,), jnp.int32),
                          cached_version=jnp.full((num_clients,), -1, jnp.int32))
 

@@ -168,7 +168,7 @@ def with_server_optimizer(algorithm: Algorithm,
     defaults = {**dict(algorithm.hyperparams), **extra}
 
     def init(x0: jax.Array, num_clients: int) -> ServerOptState:
-        tx = factory({k: jnp.float32(v) for k, v in defaults.items()})
+        tx = factory({k: jnp.asarray(v, x0.dtype) for k, v in defaults.items()})
         return ServerOptState(inner=algorithm.init(x0, num_clients), opt_state=tx.init(x0))
 
     def server(state: ServerOptState, messages: Any, meta: ServerMeta, hp: HParams) -> ServerOptState:

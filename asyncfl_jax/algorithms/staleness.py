@@ -17,27 +17,27 @@ from typing import Callable, Mapping
 import jax
 import jax.numpy as jnp
 
+from asyncfl_jax.precision import float_dtype
+
 StalenessFn = Callable[[jax.Array, Mapping[str, jax.Array]], jax.Array]
 
 
 def constant(tau: jax.Array, hp: Mapping[str, jax.Array]) -> jax.Array:
-    del hp
-    return jnp.ones_like(tau, dtype=jnp.float32)
+    return jnp.ones_like(tau, dtype=float_dtype(*hp.values()))
 
 
 def polynomial(tau: jax.Array, hp: Mapping[str, jax.Array]) -> jax.Array:
-    return (tau.astype(jnp.float32) + 1.0) ** (-hp["staleness_a"])
+    return (tau.astype(float_dtype(*hp.values())) + 1.0) ** (-hp["staleness_a"])
 
 
 def hinge(tau: jax.Array, hp: Mapping[str, jax.Array]) -> jax.Array:
-    tau = tau.astype(jnp.float32)
+    tau = tau.astype(float_dtype(*hp.values()))
     a, b = hp["staleness_a"], hp["staleness_b"]
     return jnp.where(tau <= b, 1.0, 1.0 / (a * (tau - b) + 1.0))
 
 
 def inverse_sqrt(tau: jax.Array, hp: Mapping[str, jax.Array]) -> jax.Array:
-    del hp
-    return 1.0 / jnp.sqrt(1.0 + tau.astype(jnp.float32))
+    return 1.0 / jnp.sqrt(1.0 + tau.astype(float_dtype(*hp.values())))
 
 
 STALENESS_FUNCTIONS: dict[str, StalenessFn] = {

@@ -25,6 +25,7 @@ import os
 import numpy as np
 
 from asyncfl_jax.data.client_data import Dataset
+from asyncfl_jax.errors import InputError
 
 SYSTEM_DATA_DIR = "/usr/share/datasets"
 """Where system packages install datasets (Debian's ``dataset-fashion-mnist``); read at call time, so tests can
@@ -75,7 +76,7 @@ class DatasetNotFoundError(FileNotFoundError):
     """The files of a dataset were not found in any of the places searched (the message lists them)."""
 
 
-class IdxFormatError(ValueError):
+class IdxFormatError(InputError):
     """A file is not a well-formed IDX file."""
 
 

@@ -55,6 +55,7 @@ import numpy as np
 
 from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.data.idx import DATA_DIR_ENV, DatasetNotFoundError
+from asyncfl_jax.errors import InputError
 
 LEAF_DATASETS = ("leaf/femnist", "leaf/shakespeare")
 """The dataset names (``data.name``) of this module."""
@@ -72,7 +73,7 @@ PARQUET_TEST_FRACTION = 0.1
 """Fraction of each client's samples held out for the test set when the files (parquet) have no test split."""
 
 
-class LeafFormatError(ValueError):
+class LeafFormatError(InputError):
     """A LEAF or parquet file does not hold what the dataset needs (the message names the file and the field)."""
 
 

@@ -23,6 +23,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from asyncfl_jax.errors import PartitionError
+
 def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
     return rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
 
@@ -59,7 +61,7 @@ def _check_positive(name: str, value: Any) -> float:
 def _check_num_clients(num_clients: Any, n: int) -> int:
     num_clients = _check_int("num_clients", num_clients, 1)
     if num_clients > n:
-        raise ValueError(f"num_clients ({num_clients}) must be <= the number of examples ({n})")
+        raise PartitionError(f"num_clients ({num_clients}) must be <= the number of examples ({n})")
     return num_clients
 
 
@@ -109,7 +111,7 @@ def dirichlet(
     min_size = _check_int("min_size", min_size, 0)
     max_tries = _check_int("max_tries", max_tries, 1)
     if min_size * num_clients > n_total:
-        raise ValueError(
+        raise PartitionError(
             f"min_size ({min_size}) * num_clients ({num_clients}) = {min_size * num_clients} exceeds the number of "
             f"examples ({n_total}); lower min_size or num_clients"
         )
@@ -138,7 +140,7 @@ def dirichlet(
         smallest = int(held.min())
         if smallest >= min_size:
             return _finish([np.concatenate(b) if b else np.zeros(0, np.int64) for b in batches])
-    raise ValueError(
+    raise PartitionError(
         f"dirichlet: no split with every client holding >= min_size={min_size} examples in max_tries={max_tries} "
         f"tries (alpha={alpha}, num_clients={num_clients}, N={n_total}; last try's smallest client: {smallest}); "
         "raise alpha or max_tries, or lower min_size or num_clients"
@@ -166,7 +168,7 @@ def shards(
     shards_per_client = _check_int("shards_per_client", shards_per_client, 1)
     num_shards = num_clients * shards_per_client
     if num_shards > labels.size:
-        raise ValueError(
+        raise PartitionError(
             f"num_clients ({num_clients}) * shards_per_client ({shards_per_client}) = {num_shards} shards exceeds the "
             f"number of examples ({labels.size}); lower shards_per_client"
         )
@@ -201,7 +203,7 @@ def power_law(
     exponent = _check_positive("exponent", exponent)
     min_size = _check_int("min_size", min_size, 0)
     if min_size * num_clients > n_total:
-        raise ValueError(
+        raise PartitionError(
             f"min_size ({min_size}) * num_clients ({num_clients}) = {min_size * num_clients} exceeds the number of "
             f"examples ({n_total}); lower min_size or num_clients"
         )

@@ -1,4 +1,11 @@
-"""The memory budget of a run, known from the carry's shapes before anything is compiled."""
+"""The memory budget of a run: the carry's shapes before anything is compiled, XLA's own analysis after.
+
+Three checks, each refusing with :class:`MemoryRefusal` (a ``MemoryError``; the ``asyncfl`` command ends with exit
+code 2 and its message): :func:`asyncfl_jax.preflight.check_memory` from the configuration alone (before data and
+schedules are built), :meth:`MemoryBudget.check` from the prepared run's carry shapes (before compiling), and
+:func:`check_compiled` from ``compiled.memory_analysis()`` of the compiled chunk (arguments, outputs and XLA's
+temporaries: the activations of local training, the lookahead buffer) before it first runs.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,10 @@ from typing import Any
 
 import jax
 import numpy as np
+
+
+class MemoryRefusal(MemoryError):
+    """A run refused before it allocates what cannot fit; the message names the sizes and the option to lower."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +76,8 @@ class MemoryBudget:
         return text
 
     def check(self, fraction: float = 0.9) -> None:
-        """Raises ``MemoryError`` (before compiling) when the state cannot fit the device(s)."""
+        """Raises :class:`MemoryRefusal` (a ``MemoryError``; before compiling) when the state cannot fit the
+        device(s)."""
         # The scan carry is double-buffered while a chunk runs: the state is counted twice.
         state = self.state_per_device
         needed = 2 * state + self.data
@@ -75,7 +87,7 @@ class MemoryBudget:
             if self.shared_memory:  # host devices of one CPU: all their shares in one memory
                 needed, where = self.devices * needed, f"the {self.devices} devices share"
         if self.available and needed > fraction * self.available:
-            raise MemoryError(
+            raise MemoryRefusal(
                 f"this run needs about {_gib(needed)} (twice the simulation state of {_gib(state)}"
                 f"{' per device' if self.devices > 1 else ''}, plus {_gib(self.data)} of data"
                 f"{' on each device' if self.devices > 1 else ''}) but {where} {_gib(self.available)}: use fewer "
@@ -87,6 +99,11 @@ class MemoryBudget:
         return {"server_bytes": self.server, "clients_bytes": self.clients, "pending_bytes": self.pending,
                 "data_bytes": self.data, "replicas": self.replicas, "available_bytes": self.available,
                 "devices": self.devices, "device_state_bytes": self.device_state}
+
+
+def format_bytes(nbytes: int | None) -> str:
+    """``nbytes`` in KiB, MiB or GiB for messages ("?" for None)."""
+    return _gib(nbytes)
 
 
 def _gib(nbytes: int | None) -> str:
@@ -117,6 +134,46 @@ def device_memory_bytes(device: Any = None) -> int | None:
         except (ValueError, OSError, AttributeError):
             return None
     return None
+
+
+def host_memory_bytes() -> int | None:
+    """The machine's physical memory (None where the system does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def compiled_bytes(compiled: Any) -> int | None:
+    """Bytes a compiled XLA program holds while it runs, from ``compiled.memory_analysis()``: arguments + outputs -
+    the donated buffers they share (aliases) + temporaries (activations, the scan's buffers). None where the backend
+    gives no analysis."""
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - not every backend implements it
+        return None
+    if stats is None:
+        return None
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes")
+    if not all(hasattr(stats, f) for f in fields):
+        return None
+    arg, out, alias, temp = (int(getattr(stats, f)) for f in fields)
+    return arg + out - alias + temp
+
+
+def check_compiled(compiled: Any, label: str, available: int | None = None, fraction: float = 0.9) -> int | None:
+    """Refuses (:class:`MemoryRefusal`) a compiled chunk whose XLA memory analysis (:func:`compiled_bytes`) exceeds
+    ``fraction`` of one device's memory (``available``, default :func:`device_memory_bytes`), before it runs.
+    Returns the analysed bytes (None: no analysis)."""
+    needed = compiled_bytes(compiled)
+    available = device_memory_bytes() if available is None else available
+    if needed is not None and available and needed > fraction * available:
+        raise MemoryRefusal(
+            f"{label}: the compiled server-step chunk needs {_gib(needed)} (XLA's memory analysis: the state, the "
+            f"chunk's inputs and outputs and its temporaries such as local training's activations and the lookahead "
+            f"buffer) but the device has {_gib(available)}: lower local.batch_size, --lookahead, --eval-every (the "
+            "chunk length), the seeds or swept hyper-parameters, or data.num_clients")
+    return needed
 
 
 def memory_budget(carry_shape: Any, data: Any, num_replicas: int, placement: Any = None) -> MemoryBudget:

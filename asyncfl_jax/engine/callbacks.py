@@ -171,7 +171,7 @@ class Checkpoints:
             schedules=timeline.identity(placed.inputs), num_slots=timeline.num_slots, num_steps=run.num_steps,
             eval_every=run.eval_every, task=run.task, data=placed.data, carry_shape=run.carry_shape,
             shard_jobs=run.placement.name == "shard_jobs", shard_replicas=run.placement.name == "shard_replicas",
-            shard_clients=run.placement.name == "shard_clients")
+            shard_clients=run.placement.name == "shard_clients", trajectory=run.trajectory)
         self.saved_chunk: int | None = None  # next_chunk of the checkpoint on disk, if it is this run's state
         self._signals = contextlib.ExitStack()
         self.stop: Any = None

@@ -33,6 +33,50 @@ def resolve_hparams(algorithm: Algorithm, overrides: Mapping[str, Any] | None) -
     return {**known, **dict(overrides or {})}
 
 
+MAX_SEED = 2**32 - 1
+"""The largest seed: JAX's ``PRNGKey`` and numpy's generators take 32-bit seeds here."""
+
+NONNEGATIVE_HPARAMS = ("client_lr", "server_lr", "lr_c", "lr_d", "server_opt_lr", "weight_decay", "prox_mu")
+"""Hyper-parameters that a negative value would turn into something else (a step against the gradient, a negative
+penalty): refused by :func:`check_hparam_value`. The command line's ranges are stricter (``config.HPARAM_RANGES``)."""
+
+
+def check_seeds(seeds: Any) -> list[int]:
+    """``seeds`` as a list of distinct integers in ``[0, 2^32 - 1]``; else a ValueError naming ``seeds`` and the
+    value at fault (a fractional, negative, too large or repeated seed, or an empty list)."""
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, (Sequence, np.ndarray)):
+        raise ValueError(f"seeds must be a sequence of integers, got {seeds!r}")
+    out = []
+    for seed in seeds:
+        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+            raise ValueError(f"seeds must be integers in [0, {MAX_SEED}], got {seed!r} in {list(seeds)!r}")
+        if not 0 <= int(seed) <= MAX_SEED:
+            raise ValueError(f"seeds must be integers in [0, {MAX_SEED}], got {int(seed)}")
+        out.append(int(seed))
+    if not out:
+        raise ValueError("seeds must not be empty")
+    if len(set(out)) != len(out):
+        raise ValueError(f"seeds must not repeat a seed (a repeated seed is the same replica twice), got {out}")
+    return out
+
+
+def check_hparam_value(name: str, value: Any) -> float:
+    """``value`` of hyper-parameter ``name`` as a float: a finite real number, >= 0 for
+    :data:`NONNEGATIVE_HPARAMS`; else a ValueError naming it."""
+    try:
+        array = np.asarray(value)
+    except Exception:  # noqa: BLE001 - anything that is not array-like
+        array = np.asarray(None)
+    if array.ndim != 0 or array.dtype.kind not in "iuf":  # bool, complex, strings, objects: refused
+        raise ValueError(f"hparams[{name!r}] must be a real number (or a list of them), got {value!r}")
+    value = float(array)
+    if not np.isfinite(value):
+        raise ValueError(f"hparams[{name!r}] must be finite, got {value!r}")
+    if name in NONNEGATIVE_HPARAMS and value < 0:
+        raise ValueError(f"hparams[{name!r}] must be >= 0 (a negative value turns the rule around), got {value!r}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Replica:
     """One simulated run of a sweep: a training seed and scalar hyper-parameters."""
@@ -46,13 +90,15 @@ def make_replicas(algorithm: Algorithm, seeds: Sequence[int], hparams: Mapping[s
 
     Example: ``seeds=[0, 1]``, ``hparams={"client_lr": [0.01, 0.1], "server_lr": 1.0}`` gives 4 replicas.
     """
-    if len(seeds) == 0:
-        raise ValueError("seeds must not be empty")
+    seeds = check_seeds(seeds)
     resolved = resolve_hparams(algorithm, hparams)
     swept = {k: list(v) for k, v in resolved.items() if isinstance(v, (list, tuple, np.ndarray))}
     for k, v in swept.items():
         if len(v) == 0:
             raise ValueError(f"hyper-parameter {k!r} has an empty list of values")
+    for k, v in resolved.items():
+        for value in (swept[k] if k in swept else [v]):
+            check_hparam_value(k, value)
     fixed = {k: float(v) for k, v in resolved.items() if k not in swept}
     replicas = []
     for seed in seeds:
@@ -61,9 +107,10 @@ def make_replicas(algorithm: Algorithm, seeds: Sequence[int], hparams: Mapping[s
     return replicas
 
 
-def stack_hparams(replicas: Sequence[Replica]) -> dict[str, jax.Array]:
-    """The replicas' hyper-parameters as float32 arrays with a leading replica axis."""
-    return {k: jnp.asarray([r.hparams[k] for r in replicas], jnp.float32) for k in replicas[0].hparams}
+def stack_hparams(replicas: Sequence[Replica], dtype: Any = jnp.float32) -> dict[str, jax.Array]:
+    """The replicas' hyper-parameters as ``dtype`` arrays (float32; float64 in a float64 run) with a leading replica
+    axis."""
+    return {k: jnp.asarray([r.hparams[k] for r in replicas], dtype) for k in replicas[0].hparams}
 
 
 def replica_keys(replicas: Sequence[Replica]) -> jax.Array:

@@ -20,13 +20,60 @@ import numpy as np
 from asyncfl_jax import checkpoint
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig, check_optimizer_hparams
-from asyncfl_jax.engine.budget import MemoryBudget, memory_budget
+from asyncfl_jax.distributed import check_same_everywhere, to_host
+from asyncfl_jax.engine.budget import MemoryBudget, check_compiled, memory_budget
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, stack_hparams
-from asyncfl_jax.engine.placement import Placed, ShardJobs, SingleDevice
+from asyncfl_jax.engine.placement import Placed, ShardJobs, SingleDevice, check_processes
 from asyncfl_jax.engine.step import Program
 from asyncfl_jax.engine.timelines import make_timeline
+from asyncfl_jax.precision import cast_task, check_precision, precision_dtype, precision_scope
 from asyncfl_jax.task import Task, task_arrays
+
+MAX_TRAJECTORY_BYTES = 1 << 30  # the largest trajectory (replicas x (steps + 1) x one record) a run may record
+
+
+def trajectory_function(trajectory: Any) -> Callable[[jax.Array], Any] | None:
+    """The record function of the ``trajectory`` option: None or False (off), True (the flat global model), or a
+    function of the flat global model returning an array or a pytree of arrays; anything else is refused."""
+    if trajectory is None or trajectory is False:
+        return None
+    if trajectory is True:
+        return _flat_model
+    if callable(trajectory):
+        return trajectory
+    raise ValueError(f"trajectory must be True, False/None, or a function of the flat global model (e.g. "
+                     f"lambda x: x[:10]), got {trajectory!r}")
+
+
+def _flat_model(flat: jax.Array) -> jax.Array:
+    return flat
+
+
+def trajectory_shape(record: Callable[[jax.Array], Any], x0: jax.Array, num_replicas: int, num_steps: int,
+                     limit: int | None = None) -> Any:
+    """The shapes of one record of ``record(x0)`` (``jax.eval_shape``; nothing is compiled), after checking that
+    the whole trajectory, ``num_replicas x (num_steps + 1) x`` the record's bytes, stays within ``limit`` (default
+    :data:`MAX_TRAJECTORY_BYTES`, 1 GiB: the trajectory is kept in host memory and each chunk's part on the device
+    before it is copied out)."""
+    limit = MAX_TRAJECTORY_BYTES if limit is None else limit
+    try:
+        shape = jax.eval_shape(record, jax.ShapeDtypeStruct(x0.shape, x0.dtype))
+    except Exception as e:  # noqa: BLE001  (whatever the user's function raises while traced)
+        raise ValueError(f"the trajectory function cannot be traced on the flat model (float [{x0.shape[0]}]): "
+                         f"{type(e).__name__}: {e}") from None
+    leaves = jax.tree_util.tree_leaves(shape)
+    if not leaves or not all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves):
+        raise ValueError("the trajectory function must return an array or a pytree of arrays, got "
+                         f"{jax.tree_util.tree_structure(shape)}")
+    per_record = sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in leaves)
+    total = num_replicas * (num_steps + 1) * per_record
+    if total > limit:
+        raise ValueError(f"the trajectory would take {total / 2**20:.1f} MiB ({num_replicas} replicas x "
+                         f"{num_steps + 1} models x {per_record} bytes), more than the limit of {limit / 2**20:.0f} "
+                         "MiB: record fewer values (trajectory=lambda x: x[:k], or a summary such as a norm), fewer "
+                         "steps or fewer replicas")
+    return shape
 
 
 def metric_shapes(program: Program, data: Any, num_clients: int) -> dict[str, tuple[int, ...]]:
@@ -41,6 +88,20 @@ def metric_shapes(program: Program, data: Any, num_clients: int) -> dict[str, tu
                              f"or a per-client vector of at most {num_clients} entries")
         out[name] = tuple(int(d) for d in s.shape)
     return out
+
+
+def check_model_outputs(task: Task) -> None:
+    """A ValueError naming ``task.model`` when, for classification (integer labels), the model's output for one
+    example is not ``[1, num_classes]`` logits (``jax.eval_shape``: nothing is computed). A model built for another
+    number of classes would otherwise train and report accuracies against labels it cannot output."""
+    if not np.issubdtype(np.dtype(task.test_y.dtype), np.integer):
+        return  # regression: the loss compares output and target shapes itself
+    out = jax.eval_shape(task.model.apply_fn, task.model.init_params, task.test_x[:1])
+    shape = tuple(getattr(out, "shape", ()))
+    if shape != (1, task.num_classes):
+        raise ValueError(f"task.model ({task.model.name}) outputs shape {shape} for one example, but the task has "
+                         f"{task.num_classes} classes: the model must output [batch, {task.num_classes}] logits "
+                         f"(e.g. make_model(..., num_classes={task.num_classes}))")
 
 
 def check_count(name: str, value: Any, low: int = 1, note: str = "") -> int:
@@ -66,6 +127,8 @@ class Run:
     carry_shape: Any
     eval_every: int
     metrics: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # name -> shape (metric_shapes)
+    precision: str = "float32"  # the run's float precision (asyncfl_jax.precision)
+    trajectory: Any = None  # the shapes of one trajectory record (trajectory_shape), None when off
 
     @property
     def num_steps(self) -> int:
@@ -93,12 +156,26 @@ class Run:
 def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None = None,
                 seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None, eval_every: int = 100,
                 label: str | None = None, placement: SingleDevice | None = None, lookahead: int = 1,
-                replicas: Sequence[Replica] | None = None) -> Run:
+                replicas: Sequence[Replica] | None = None, precision: str = "float32",
+                trajectory: Any = None) -> Run:
     """Validates and prepares a run (see :func:`~asyncfl_jax.engine.simulate.simulate` for the arguments).
 
     ``replicas`` (optional) gives the replicas directly (e.g. from :func:`make_replicas`) instead of ``seeds`` x
-    ``hparams``; schedules given one per seed are then matched to the replicas' distinct seeds in order."""
+    ``hparams``; schedules given one per seed are then matched to the replicas' distinct seeds in order. The task is
+    converted to ``precision`` (:func:`~asyncfl_jax.precision.cast_task`) inside the precision's scope."""
+    precision = check_precision(precision)
+    record = trajectory_function(trajectory)
+    with precision_scope(precision):
+        return _prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
+                            replicas, precision, record)
+
+
+def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
+                 hparams: Mapping[str, Any] | None, eval_every: int, label: str | None,
+                 placement: SingleDevice | None, lookahead: int, replicas: Sequence[Replica] | None, precision: str,
+                 record: Callable[[jax.Array], Any] | None) -> Run:
     lookahead = check_count("lookahead", lookahead, note=" (1: off)")
+    check_model_outputs(task)
     placement = placement or SingleDevice()
     if lookahead > 1 and isinstance(placement, ShardJobs):
         raise ValueError("lookahead > 1 cannot be combined with shard_jobs (the buffered jobs are not placed over the "
@@ -116,14 +193,23 @@ def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCo
     eval_every = check_count("eval_every", eval_every)
     timeline = make_timeline(schedules, seeds, replicas, task.num_clients, eval_every, lookahead)
     placement.check(len(replicas), task.num_clients)
+    check_processes(placement)
+    task = cast_task(task, precision)
     program = timeline.program(task, algorithm, local, placement.constrain_jobs)
-    hp, keys, data = stack_hparams(replicas), replica_keys(replicas), task_arrays(task)
+    data = task_arrays(task)
+    record_shape = None
+    if record is not None:
+        record_shape = trajectory_shape(record, data.x0, len(replicas), timeline.num_steps)
+        program = dataclasses.replace(program, record=record)
+    hp, keys = stack_hparams(replicas, precision_dtype(precision)), replica_keys(replicas)
+    check_same_everywhere("run inputs (data, schedules or clocks, seeds, hyper-parameters)",
+                          (hp, keys, data, timeline.inputs))
     init = jax.vmap(program.init, in_axes=(timeline.input_axes, 0, 0, None))
     carry_shape = jax.eval_shape(init, timeline.inputs, hp, keys, data)
     placed = placement.place(carry_shape, hp, keys, data, timeline.inputs, timeline.input_axes, program)
     metrics = metric_shapes(program, data, task.num_clients)
     return Run(label or algorithm.name, task, algorithm, local, replicas, timeline, program, placement, placed,
-               carry_shape, eval_every, metrics)
+               carry_shape, eval_every, metrics, precision, record_shape)
 
 
 @dataclasses.dataclass
@@ -188,6 +274,7 @@ class HostLoop:
             return jax.lax.map(lambda p: evaluate(p, data), jax.vmap(algorithm.params)(server))
 
         self.eval_fn = eval_fn
+        self.record_fn = jax.jit(jax.vmap(program.trajectory_record))  # x_0's record (the trajectory's first)
         self.state: checkpoint.LoopState | None = None
         self.compiled: dict[tuple[int, bool], Any] = {}
         self.loop_compile_seconds = 0.0
@@ -211,12 +298,15 @@ class HostLoop:
         t0 = time.perf_counter()
         if carry is None:
             carry = self.init_fn(placed.inputs, placed.hp, placed.keys, placed.data)
-        first = self.eval_fn(carry.server, placed.data)
-        jax.block_until_ready(first)
+        first = to_host(self.eval_fn(carry.server, placed.data))
+        traces = {}
+        if self.run_spec.trajectory is not None:  # x_0's record: the trajectory's step axis starts at 0
+            traces = {k: [np.asarray(v)[:, None]] for k, v in to_host(self.record_fn(carry.server)).items()}
         return checkpoint.LoopState(
             next_chunk=0, eval_steps=[0], metrics={k: [np.asarray(first[k])] for k in self.run_spec.metrics},
             reported=set(),
-            stopped_early=False, compile_seconds=time.perf_counter() - t0, run_seconds=0.0, carry=carry)
+            stopped_early=False, compile_seconds=time.perf_counter() - t0, run_seconds=0.0, carry=carry,
+            traces=traces)
 
     def restored(self, state: checkpoint.LoopState) -> checkpoint.LoopState:
         """A restored state with its carry on the devices a fresh run's carry would be (the same programs)."""
@@ -243,7 +333,12 @@ class HostLoop:
 
     # ------------------------------------------------------------------------------------------------ running
     def run(self, state: checkpoint.LoopState | None = None) -> checkpoint.LoopState:
-        """Runs the remaining chunks from ``state`` (restored) or from the start; returns the final state."""
+        """Runs the remaining chunks from ``state`` (restored) or from the start; returns the final state (in the
+        run's precision scope, :func:`~asyncfl_jax.precision.precision_scope`)."""
+        with precision_scope(self.run_spec.precision):
+            return self._run(state)
+
+    def _run(self, state: checkpoint.LoopState | None) -> checkpoint.LoopState:
         self.state = self.initial_state() if state is None else self.restored(state)
         self._compile_before, self._run_before = self.state.compile_seconds, self.state.run_seconds
         self._start_wall = time.perf_counter()
@@ -277,20 +372,22 @@ class HostLoop:
         run, placed, state = self.run_spec, self.run_spec.placed, self.state
         start = state.next_chunk * run.eval_every
         stop = min(start + run.eval_every, run.num_steps)
-        part = run.timeline.chunk_inputs(placed.inputs, start, stop, state.carry)
+        part = run.placement.place_chunk(run.timeline.chunk_inputs(placed.inputs, start, stop, state.carry),
+                                         run.timeline.chunk_axes)
         frozen = bool(state.reported)  # once a replica has diverged it is frozen (Program.frozen_advance)
         variant = (stop - start, frozen)
         if variant not in self.compiled:
             tc = time.perf_counter()
-            self.compiled[variant] = self.chunk_fns[frozen].lower(state.carry, part, placed.hp, placed.keys,
-                                                                  placed.data).compile()
+            compiled = self.chunk_fns[frozen].lower(state.carry, part, placed.hp, placed.keys, placed.data).compile()
+            check_compiled(compiled, run.label)  # XLA's own count, temporaries included, before the chunk runs
+            self.compiled[variant] = compiled
             self.loop_compile_seconds += time.perf_counter() - tc
         t0 = time.perf_counter()
         carry, records = self.compiled[variant](state.carry, part, placed.hp, placed.keys, placed.data)
         jax.block_until_ready(carry)
         seconds = time.perf_counter() - t0
-        metrics = {k: np.asarray(v) for k, v in self.eval_fn(carry.server, placed.data).items()}
-        diverged = np.asarray(carry.diverged_at)
+        # Gathered from every process in a multi-process run (one collective; every process calls it).
+        metrics, diverged, records = to_host((self.eval_fn(carry.server, placed.data), carry.diverged_at, records))
         newly = sorted(set(np.flatnonzero(diverged >= 0).tolist()) - state.reported)
         self.state = dataclasses.replace(  # one assignment: the state is always that of a whole number of chunks
             state, carry=carry, next_chunk=state.next_chunk + 1, eval_steps=[*state.eval_steps, stop],

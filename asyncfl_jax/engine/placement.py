@@ -14,6 +14,12 @@ The program never looks at devices; a placement decides everything around it:
 
 Each is a ``jax.sharding.Mesh`` over ``jax.devices()`` (every device of every process). Results equal the
 single-device run up to float rounding.
+
+Over several processes (``jax.distributed``, see :mod:`asyncfl_jax.distributed`) the inputs every process builds
+identically become global arrays (:func:`~asyncfl_jax.distributed.put_global`: each process places only its own
+shards), so ``shard_replicas`` splits the replicas and ``shard_clients`` the per-client state across processes.
+``shard_jobs`` and no placement are refused there (:func:`check_processes`): they would run the whole program on
+every process.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import jax
 import numpy as np
 
 from asyncfl_jax.algorithms.base import Algorithm
+from asyncfl_jax.distributed import put_global
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +61,12 @@ class SingleDevice:
               program: Any) -> Placed:
         del carry_shape, input_axes, program
         return Placed(hp, keys, data, inputs)
+
+    def place_chunk(self, part: Any, chunk_axes: Any) -> Any:
+        """A chunk's inputs (``Timeline.chunk_inputs``) placed like the run's inputs; as they are with one process
+        (``jit`` places them), global arrays over several."""
+        del chunk_axes
+        return part
 
 
 def _mesh(axis: str) -> Any:
@@ -103,12 +116,26 @@ class ShardReplicas(SingleDevice):
     def place(self, carry_shape: Any, hp: Any, keys: Any, data: Any, inputs: Any, input_axes: Any,
               program: Any) -> Placed:
         over, everywhere = replica_shardings(int(keys.shape[0]))
-        inputs = jax.tree_util.tree_map(lambda a, axis: jax.device_put(a, everywhere if axis is None else over),
-                                        inputs, _axes_like(input_axes, inputs))
+        inputs = put_global(inputs, _by_replica_axis(inputs, input_axes))
         # Every output (carry, per-step records) keeps its replica axis spread over the devices.
-        return Placed(jax.device_put(hp, over), jax.device_put(keys, over), jax.device_put(data, everywhere), inputs,
+        return Placed(put_global(hp, over), put_global(keys, over), put_global(data, everywhere), inputs,
                       carry=jax.tree_util.tree_map(lambda _: over, carry_shape), init_jit={"out_shardings": over},
                       chunk_jit={"out_shardings": over})
+
+    def place_chunk(self, part: Any, chunk_axes: Any) -> Any:
+        if jax.process_count() == 1:
+            return part
+        return put_global(part, _by_replica_axis(part, chunk_axes))
+
+
+def _by_replica_axis(tree: Any, axes: Any) -> Any:
+    """The sharding of each leaf of ``tree`` given its vmap axis (``axes``, an ``in_axes`` prefix): split along the
+    replica axis (0) over every device, or replicated (None)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = _mesh("replicas")
+    over, everywhere = NamedSharding(mesh, PartitionSpec("replicas")), NamedSharding(mesh, PartitionSpec())
+    return jax.tree_util.tree_map(lambda _, axis: everywhere if axis is None else over, tree, _axes_like(axes, tree))
 
 
 def _axes_like(axes: Any, tree: Any) -> Any:
@@ -186,9 +213,28 @@ class ShardClients(SingleDevice):
         n = program.num_clients
         flags = per_client_leaves(program.algorithm, data.x0, n)
         carry, everywhere = client_shardings(carry_shape, *flags, n, program.store.slot_leaves(carry_shape.store))
-        hp, keys, data, inputs = jax.device_put((hp, keys, data, inputs), everywhere)
+        hp, keys, data, inputs = put_global((hp, keys, data, inputs), everywhere)
         return Placed(hp, keys, data, inputs, carry=carry, init_jit={"out_shardings": carry},
                       chunk_jit={"out_shardings": (carry, everywhere)})
+
+    def place_chunk(self, part: Any, chunk_axes: Any) -> Any:
+        del chunk_axes
+        if jax.process_count() == 1:
+            return part
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        return put_global(part, NamedSharding(_mesh("clients"), PartitionSpec()))
+
+
+def check_processes(placement: SingleDevice) -> None:
+    """Refuses (``ValueError``) a placement that cannot spread a run over several processes: with
+    ``jax.distributed`` only ``shard_replicas`` and ``shard_clients`` split the work between the processes (no
+    placement, or ``shard_jobs``, would run the whole program on every process, or mix their devices)."""
+    n = jax.process_count()
+    if n > 1 and not isinstance(placement, (ShardReplicas, ShardClients)):
+        chosen = placement.name or "no placement"
+        raise ValueError(f"this run spans {n} processes (jax.distributed), which needs shard_replicas=True or "
+                         f"shard_clients=True to split the work between them; got {chosen}")
 
 
 def make_placement(shard_jobs: bool = False, shard_replicas: bool = False, shard_clients: bool = False) -> SingleDevice:

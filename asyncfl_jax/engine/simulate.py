@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig
@@ -11,6 +11,7 @@ from asyncfl_jax.engine.callbacks import Checkpoints, DivergenceWarnings, Progre
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.loop import HostLoop, check_count, prepare_run
 from asyncfl_jax.engine.placement import make_placement
+from asyncfl_jax.precision import check_precision, precision_scope
 from asyncfl_jax.results import History
 from asyncfl_jax.task import Task
 
@@ -21,7 +22,8 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
              seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None, eval_every: int = 100,
              progress: bool = True, label: str | None = None, shard_jobs: bool = False, shard_replicas: bool = False,
              shard_clients: bool = False, lookahead: int = 1, checkpoint_dir: str | None = None,
-             checkpoint_every: int = 1, resume: bool = False, callbacks: Sequence[Any] = ()) -> History:
+             checkpoint_every: int = 1, resume: bool = False, callbacks: Sequence[Any] = (),
+             precision: str = "float32", trajectory: bool | Callable[[Any], Any] | None = None) -> History:
     """Runs an experiment (all replicas as one vmapped program) and returns its :class:`History`.
 
     Args:
@@ -58,12 +60,36 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         ``fn(update)`` with the :class:`~asyncfl_jax.engine.loop.ChunkUpdate` (``update.metrics``, ``update.step``,
         ``update.history()``...), or an object with ``on_start`` / ``on_chunk`` / ``on_end`` hooks, e.g.
         ``CSVLogger(path)``.
+      precision: ``"float32"`` (default) or ``"float64"``: the float precision of the data, the model, the server
+        and client states, the updates, the staleness weights, the hyper-parameters and the metrics (see
+        :mod:`asyncfl_jax.precision`). The run is made with ``jax_enable_x64`` set to match, for its duration
+        only (``jax.enable_x64``; restored afterwards), so a float64 run leaves later float32 runs unchanged.
+      trajectory: record the global model at every server step (small runs): ``True`` records the flat model
+        ``x_t`` [d], a function ``fn(x)`` of the flat model (``task.model.unravel(x)`` gives the parameter pytree)
+        records what it returns (an array or a pytree of arrays, e.g. ``lambda x: x[:10]`` or
+        ``lambda x: {"norm": jnp.linalg.norm(x)}``). ``History.trajectory`` is then ``[R, T + 1, ...]``, index
+        ``t`` the record of ``x_t`` (``t = 0``: the initial model). Recorded inside the compiled scan (its per-step
+        outputs; off: the program is unchanged) and kept in host memory; refused before compiling when ``R x (T +
+        1) x`` one record's bytes exceeds ``engine.loop.MAX_TRAJECTORY_BYTES`` (1 GiB). Works with any
+        ``eval_every``, ``lookahead`` and with checkpoints (the trajectory so far is saved with the state, so a
+        resumed run's trajectory equals the uninterrupted one's). A diverged replica's trajectory repeats the
+        model it keeps once it is frozen.
     """
     check_count("checkpoint_every", checkpoint_every)
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs a checkpoint_dir to resume from")
-    placement = make_placement(shard_jobs, shard_replicas, shard_clients)
-    run = prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead)
+    with precision_scope(check_precision(precision)):  # a restored float64 checkpoint needs x64 too
+        return _simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label,
+                         make_placement(shard_jobs, shard_replicas, shard_clients), lookahead, checkpoint_dir,
+                         checkpoint_every, resume, callbacks, precision, trajectory)
+
+
+def _simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
+              hparams: Mapping[str, Any] | None, eval_every: int, progress: bool, label: str | None, placement: Any,
+              lookahead: int, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
+              callbacks: Sequence[Any], precision: str, trajectory: Any) -> History:
+    run = prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
+                      precision=precision, trajectory=trajectory)
     budget = run.budget()
     logger.info("%s: %s", run.label, budget.describe())
     budget.check()

@@ -50,6 +50,20 @@ def first_divergence(diverged_at: jax.Array, x_next: jax.Array, step: jax.Array)
     return jnp.where((diverged_at < 0) & ~finite, step, diverged_at)
 
 
+TRAJECTORY_PREFIX = "trajectory/"  # the per-step records of the trajectory: one entry per leaf of the record
+
+
+def trajectory_entries(record: Any) -> dict[str, jax.Array]:
+    """The leaves of one trajectory record as per-step records named ``trajectory/000``, ``trajectory/001``, ...
+    (in ``jax.tree_util`` leaf order; :func:`is_trajectory_entry` tells them from the clock's records)."""
+    return {f"{TRAJECTORY_PREFIX}{i:03d}": leaf for i, leaf in enumerate(jax.tree_util.tree_leaves(record))}
+
+
+def is_trajectory_entry(name: str) -> bool:
+    """Whether a per-step record is a leaf of the trajectory (not one of the clock's records)."""
+    return name.startswith(TRAJECTORY_PREFIX)
+
+
 def keep_if_diverged(old: Any, new: Any) -> Any:
     """``new``, or ``old`` unchanged for a replica that had already diverged (``old.diverged_at >= 0``)."""
     frozen = old.diverged_at >= 0
@@ -75,6 +89,13 @@ class Program:
     num_clients: int
     evaluate: Callable[[jax.Array, TaskArrays], dict[str, jax.Array]]
     init_batch: int = jobs_lib.INIT_BATCH  # the initialization round trains the clients in groups of this many
+    record: Callable[[jax.Array], Any] | None = None  # the trajectory: record(x_{t+1}) is a per-step output of step t
+
+    def trajectory_record(self, server: Any) -> dict[str, jax.Array]:
+        """``record(params(server))`` as named leaves (:func:`trajectory_entries`); ``{}`` without a trajectory."""
+        if self.record is None:
+            return {}
+        return trajectory_entries(self.record(self.algorithm.params(server)))
 
     # -------------------------------------------------------------------------------------------- the step
     def server_step(self, carry: Carry, inputs: Any, hp, key: jax.Array, data: TaskArrays) -> tuple[Carry, Any]:
@@ -94,7 +115,10 @@ class Program:
         carry, messages = store.collect(carry, arrivals, inputs, key, data)
         server = algorithm.server(carry.server, messages, arrivals.meta(key, data.train.counts), hp)  # 3. x_{t+1}
         diverged_at = first_divergence(carry.diverged_at, algorithm.params(server), arrivals.step)  # 4.
-        return carry._replace(server=server, diverged_at=diverged_at), arrivals.record
+        records = arrivals.record
+        if self.record is not None:  # the trajectory: x_{t+1} (or the user's function of it) as a per-step output
+            records = {**records, **self.trajectory_record(server)}
+        return carry._replace(server=server, diverged_at=diverged_at), records
 
     def advance(self, carry: Carry, chunk: Any, hp, key: jax.Array, data: TaskArrays) -> tuple[Carry, Any]:
         """A chunk of server steps (one ``lax.scan``)."""
@@ -105,8 +129,13 @@ class Program:
         return jax.lax.scan(body, carry, self.clock.steps_of(chunk))
 
     def frozen_advance(self, carry: Carry, chunk: Any, hp, key: jax.Array, data: TaskArrays) -> tuple[Carry, Any]:
-        """:meth:`advance` with :func:`freeze_diverged`."""
-        return freeze_diverged(self.advance, self.clock)(carry, chunk, hp, key, data)
+        """:meth:`advance` with :func:`freeze_diverged`; a frozen replica's trajectory repeats its kept model."""
+        new, records = freeze_diverged(self.advance, self.clock)(carry, chunk, hp, key, data)
+        if self.record is not None:
+            frozen, kept = carry.diverged_at >= 0, self.trajectory_record(carry.server)
+            records = {k: jnp.where(frozen, kept[k][None], v) if is_trajectory_entry(k) else v
+                       for k, v in records.items()}
+        return new, records
 
     def chunk(self, carry: Carry, chunk: Any, hp, key: jax.Array, data: TaskArrays) -> tuple[Carry, Any]:
         """:meth:`advance`, then the evaluation of the global model (joined to the records)."""
@@ -204,11 +233,12 @@ def freeze_diverged(advance: Callable[..., tuple[Carry, Any]], clock: Any) -> Ca
 def make_program(task: Task, algorithm: Algorithm, local: LocalConfig, clock: Any, store_kind: str = "dispatch",
                  num_slots: int = 1, lookahead: int = 1,
                  constrain_jobs: Callable[[jax.Array], jax.Array] | None = None,
-                 init_batch: int | None = None) -> Program:
+                 init_batch: int | None = None, record: Callable[[jax.Array], Any] | None = None) -> Program:
     """The :class:`Program` of a run: ``clock`` (:class:`PresampledClock` or :class:`InScanClock`) and the store
     (``"dispatch"``: train at dispatch, ``"lookahead"``: lookahead batching over ``lookahead`` steps, ``"arrival"``:
     train at arrival). ``constrain_jobs`` places a 1-D array of jobs over the devices. ``init_batch``: the group size
-    of the jobs started before step 0 (default ``engine.jobs.INIT_BATCH``, read now)."""
+    of the jobs started before step 0 (default ``engine.jobs.INIT_BATCH``, read now). ``record``: the trajectory's
+    function of the flat global model, recorded after every step (None: no trajectory, the program unchanged)."""
     init_batch = jobs_lib.INIT_BATCH if init_batch is None else init_batch
     if isinstance(clock, PresampledClock):
         clock = dataclasses.replace(clock, init_batch=init_batch)
@@ -218,7 +248,7 @@ def make_program(task: Task, algorithm: Algorithm, local: LocalConfig, clock: An
               "arrival": lambda: TrainAtArrival(trainer, num_slots)}
     return Program(algorithm=algorithm, trainer=trainer, clock=clock, store=stores[store_kind](),
                    num_clients=task.num_clients, evaluate=make_evaluator(task.model, loss=task.loss),
-                   init_batch=init_batch)
+                   init_batch=init_batch, record=record)
 
 
 def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slots: int, job_sharding: Any = None,

@@ -21,6 +21,7 @@ import numpy as np
 
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig
+from asyncfl_jax.distributed import to_host
 from asyncfl_jax.engine.clocks import TRACE_NAMES, ClockChunk, InScanClock
 from asyncfl_jax.engine.hparams import Replica
 from asyncfl_jax.engine.inputs import (LookaheadPlan, ScheduleArrays, StepArrays, lookahead_plan, lookahead_summary,
@@ -168,7 +169,7 @@ class EventClockTimeline:
     def chunk_inputs(self, inputs: Any, start: int, stop: int, carry: Any) -> ClockChunk:
         """The chunk's steps and the duration tables its clients may need, from the clock's counters."""
         del inputs
-        jobs, uploads = np.asarray(carry.clock.jobs), np.asarray(carry.clock.uploads)
+        jobs, uploads = to_host((carry.clock.jobs, carry.clock.uploads))  # from every process (a collective)
         tables = stack_tables([c.tables(jobs[r], uploads[r], self.eval_every + 1) for r, c in enumerate(self.clocks)])
         return ClockChunk(jnp.arange(start, stop, dtype=jnp.int32), tables)
 
@@ -180,7 +181,7 @@ class EventClockTimeline:
     def realized(self, traces: Mapping[str, list[np.ndarray]], carry: Any, num_steps: int) -> list[Schedule]:
         """Each replica's schedule, rebuilt from the per-step traces and the jobs that never arrived."""
         trace = {k: np.concatenate(v, axis=1)[:, :num_steps] for k, v in traces.items()}
-        clock = jax.device_get(carry.clock)
+        clock = to_host(carry.clock)
         return [realized_schedule(c, _replica_trace(trace, r), _open_jobs(clock, r)) for r, c in enumerate(self.clocks)]
 
     def summaries(self, realized: list[Schedule]) -> list[dict]:

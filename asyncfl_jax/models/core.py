@@ -74,8 +74,10 @@ class Model(NamedTuple):
 
     @property
     def flat_params(self) -> jax.Array:
-        """The initial parameters as one float32 vector of length d."""
-        return ravel_pytree(self.init_params)[0].astype(jnp.float32)
+        """The initial parameters as one float vector of length d: float64 when the parameters are float64 (a float64
+        run, :mod:`asyncfl_jax.precision`), else float32."""
+        flat = ravel_pytree(self.init_params)[0]
+        return flat if flat.dtype == jnp.float64 else flat.astype(jnp.float32)
 
     @property
     def unravel(self) -> Callable[[jax.Array], Any]:

@@ -27,9 +27,12 @@ import dataclasses
 import json
 import os
 import tempfile
+import zipfile
 from typing import Any
 
 import numpy as np
+
+from asyncfl_jax.errors import InputError
 
 _ARRAY_FIELDS = (
     "init_clients",
@@ -43,6 +46,10 @@ _ARRAY_FIELDS = (
     "arrival_times",
     "step_times",
 )
+
+
+class ScheduleFileError(InputError):
+    """A file given as a schedule (``schedule_files``) is not one written by :meth:`Schedule.save`."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -166,21 +173,37 @@ class Schedule:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Schedule":
-        """Reads a schedule written by :meth:`save` and checks that it is consistent."""
-        with np.load(os.fspath(path), allow_pickle=False) as z:
-            missing = [k for k in ("meta", *_ARRAY_FIELDS) if k not in z.files]
-            if missing:
-                raise ValueError(f"{path}: not a schedule file, missing entries {missing}")
-            meta = json.loads(str(z["meta"]))
-            arrays = {k: np.asarray(z[k]) for k in _ARRAY_FIELDS}
-        schedule = cls(
-            **arrays,
-            num_clients=int(meta["num_clients"]),
-            num_slots=int(meta["num_slots"]),
-            init_time=float(meta.get("init_time", 0.0)),
-            info=dict(meta.get("info", {})),
-        )
-        schedule.validate()
+        """Reads a schedule written by :meth:`save` and checks that it is consistent.
+
+        Raises :class:`ScheduleFileError` (a ``ValueError``) naming the file for anything that is not such a schedule
+        (not a ``.npz`` archive, truncated, missing entries, unreadable metadata, inconsistent arrays), and
+        ``FileNotFoundError`` / ``OSError`` when the file cannot be opened."""
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            raise ScheduleFileError(f"{path}: is a folder, not a schedule file (.npz written by Schedule.save)")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                missing = [k for k in ("meta", *_ARRAY_FIELDS) if k not in z.files]
+                if missing:
+                    raise ScheduleFileError(f"{path}: not a schedule file, missing entries {missing}")
+                meta = json.loads(str(z["meta"]))
+                arrays = {k: np.asarray(z[k]) for k in _ARRAY_FIELDS}
+            schedule = cls(
+                **arrays,
+                num_clients=int(meta["num_clients"]),
+                num_slots=int(meta["num_slots"]),
+                init_time=float(meta.get("init_time", 0.0)),
+                info=dict(meta.get("info", {})),
+            )
+            schedule.validate()
+        except ScheduleFileError:
+            raise
+        except OSError as e:
+            if isinstance(e, (FileNotFoundError, PermissionError)):
+                raise
+            raise ScheduleFileError(f"{path}: cannot be read as a schedule ({e})") from None
+        except (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, json.JSONDecodeError) as e:
+            raise ScheduleFileError(f"{path}: not a valid schedule file ({type(e).__name__}: {e})") from None
         return schedule
 
     # ------------------------------------------------------------------ validation
