@@ -425,7 +425,8 @@ def _check_state(state_path: str, record: Mapping[str, Any], arrays: Mapping[str
     """Refuses a state whose content disagrees with its record: the chunk (``state-<next_chunk>`` holds
     ``next_chunk + 1`` evaluation steps), the step (the last evaluation step is ``next_step``), the evaluation steps
     themselves (``min(k * eval_every, num_steps)`` when the run's identity gives both), the metrics (one row per
-    evaluation), the per-step traces (``next_step`` columns) and every array's shape and dtype."""
+    evaluation), the per-step traces (``next_step`` columns, or ``next_step + 1`` when they start with the initial
+    state's record, as a trajectory does) and every array's shape and dtype."""
     chunk, step = record["next_chunk"], record["next_step"]
     steps = [int(s) for s in np.asarray(arrays["eval_steps"]).reshape(-1)]
     problems = []
@@ -455,7 +456,7 @@ def _check_state(state_path: str, record: Mapping[str, Any], arrays: Mapping[str
             problems.append(f"metric {i} has {rows} evaluations, the state {len(steps)}")
     for i, _ in enumerate(record["trace_names"]):
         shape = np.shape(arrays.get(f"t{i:03d}", np.zeros((0, 0))))
-        if len(shape) < 2 or shape[1] != step:
+        if len(shape) < 2 or shape[1] not in (step, step + 1):  # steps 1..next_step, or 0..next_step (trajectory)
             problems.append(f"trace {i} covers {shape[1] if len(shape) >= 2 else None} steps, the record {step}")
     if problems:
         raise CheckpointError(f"the checkpoint state {state_path} does not match its record {RECORD}: "
