@@ -11,7 +11,9 @@ A checkpoint folder (one per run, e.g. ``<out>/checkpoints/<run>/``) holds
 * ``checkpoint.json``: the record that makes a state folder current: the format, the run's identity (see
   :func:`run_identity`), the state folder's name, the SHA-256 of each of its files, the shape and dtype of each
   stored array, the index of the next chunk and server step, the replicas whose divergence was already reported, the
-  early-stop flag and the compile and run seconds so far.
+  early-stop flag and the compile and run seconds so far; and ``record_sha256``, the SHA-256 of all of that
+  (:func:`record_checksum`), so that a record edited by hand (e.g. ``next_chunk`` + 1, which would skip server steps)
+  is refused.
 
 Atomicity: orbax writes the state into ``state-<chunk>.orbax-checkpoint-tmp`` and, once every process has written
 its shards, renames it to ``state-<chunk>`` (process 0, after writing ``commit_success.txt``). Then process 0 reads
@@ -20,7 +22,10 @@ rename), and only then replaces the record (temporary file, ``fsync``, ``os.repl
 to an unfinished or unsynced state. Superseded, orphaned (finalized but never recorded) and temporary state folders
 are deleted after that, and by the next :func:`save` or :func:`load`. A process killed at any instant therefore
 leaves the previous checkpoint or the new one, never a mix. A state whose files do not match the record's SHA-256 is
-refused with :class:`CheckpointError`, as is anything orbax cannot read. Saving the chunk of the current state again
+refused with :class:`CheckpointError`, as is anything orbax cannot read, a record whose content does not match its
+checksum, and a state that disagrees with its record (:func:`load` checks the chunk of the state folder's name, the
+number of evaluations and the last evaluation step against ``next_chunk`` and ``next_step``, the evaluation steps
+against the run's chunk length, and every array's shape and dtype). Saving the chunk of the current state again
 writes ``state-<chunk>-1`` (and the other name the time after), never over the state the record points to.
 
 The carry's tree structure is never stored (no pickle): it is rebuilt from the program with ``jax.eval_shape``.
@@ -53,6 +58,7 @@ from asyncfl_jax.results import write_atomic
 
 FORMAT = 2  # 1: the carry as raw bytes in state-<chunk>.npz; 2: an orbax folder state-<chunk>/
 RECORD = "checkpoint.json"
+CHECKSUM = "record_sha256"  # the record's checksum of its own content (see record_checksum)
 STATE_PREFIX = "state-"
 # The entries of a checkpoint folder that belong to the checkpoint besides its record: state folders (finalized, or
 # orbax's temporary ones), states of format 1, temporary record files of atomic_file.
@@ -394,7 +400,71 @@ def _write_record(path: str, identity: Mapping[str, Any], state: LoopState, num_
         "compile_seconds": float(state.compile_seconds),
         "run_seconds": float(state.run_seconds),
     }
+    record[CHECKSUM] = record_checksum(record)
     write_atomic(path, json.dumps(record, indent=1) + "\n")
+
+
+def record_checksum(record: Mapping[str, Any]) -> str:
+    """SHA-256 of a record's content without its own checksum field: canonical JSON (sorted keys, no spaces), so
+    that any change to a value, a key or a nested entry changes it."""
+    body = {k: v for k, v in record.items() if k != CHECKSUM}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _check_checksum(path: str, record: Mapping[str, Any]) -> None:
+    """Refuses a record without its checksum, or whose content does not match it (a hand edit)."""
+    if CHECKSUM not in record:
+        raise CheckpointError(f"the checkpoint record {path} has no {CHECKSUM} (written by an earlier asyncfl_jax, "
+                              "or edited): it cannot be trusted; delete the folder or start over with resume=False "
+                              "(asyncfl run --overwrite)")
+    if record[CHECKSUM] != record_checksum(record):
+        raise CheckpointError(f"the checkpoint record {path} was changed after it was written (its content does not "
+                              f"match its {CHECKSUM}): it cannot be trusted; restore it, delete the folder or start "
+                              "over with resume=False (asyncfl run --overwrite)")
+
+
+def _check_state(state_path: str, record: Mapping[str, Any], arrays: Mapping[str, Any],
+                 identity: Mapping[str, Any]) -> None:
+    """Refuses a state whose content disagrees with its record: the chunk (``state-<next_chunk>`` holds
+    ``next_chunk + 1`` evaluation steps), the step (the last evaluation step is ``next_step``), the evaluation steps
+    themselves (``min(k * eval_every, num_steps)`` when the run's identity gives both), the metrics (one row per
+    evaluation), the per-step traces (``next_step`` columns, or ``next_step + 1`` when they start with the initial
+    state's record, as a trajectory does) and every array's shape and dtype."""
+    chunk, step = record["next_chunk"], record["next_step"]
+    steps = [int(s) for s in np.asarray(arrays["eval_steps"]).reshape(-1)]
+    problems = []
+    if record["state_dir"] not in (f"{STATE_PREFIX}{chunk:06d}", f"{STATE_PREFIX}{chunk:06d}-1"):
+        problems.append(f"the record's next_chunk {chunk} is not the chunk of its state folder {record['state_dir']}")
+    if len(steps) != chunk + 1:
+        problems.append(f"the state holds {len(steps)} evaluations, a state after chunk {chunk} holds {chunk + 1}")
+    if not steps or steps[-1] != step:
+        problems.append(f"the state's last evaluation is at step {steps[-1] if steps else None}, the record's "
+                        f"next_step is {step}")
+    every, total = identity.get("eval_every"), identity.get("num_steps")
+    expected = [min(k * every, total) for k in range(len(steps))] if isinstance(every, int) and isinstance(
+        total, int) and every > 0 else steps
+    if steps != expected:
+        problems.append(f"the state's evaluation steps {_some([str(s) for s in steps])} are not those of chunks of "
+                        f"{every} of {total} steps")
+    if not isinstance(record["num_chunks"], int) or not 0 <= chunk <= record["num_chunks"]:
+        problems.append(f"next_chunk {chunk} is not between 0 and num_chunks {record['num_chunks']}")
+    for key, (shape, dtype) in record["arrays"].items():
+        a = arrays.get(key)
+        if a is None or list(np.shape(a)) != list(shape) or np.dtype(a.dtype) != np.dtype(dtype):
+            found = None if a is None else [list(np.shape(a)), str(np.dtype(a.dtype))]
+            problems.append(f"array {key!r} is {found} in the state, {[shape, dtype]} in the record")
+    for i, _ in enumerate(record["metric_names"]):
+        rows = np.shape(arrays.get(f"m{i:03d}", np.zeros((0,))))[0]
+        if rows != len(steps):
+            problems.append(f"metric {i} has {rows} evaluations, the state {len(steps)}")
+    for i, _ in enumerate(record["trace_names"]):
+        shape = np.shape(arrays.get(f"t{i:03d}", np.zeros((0, 0))))
+        if len(shape) < 2 or shape[1] not in (step, step + 1):  # steps 1..next_step, or 0..next_step (trajectory)
+            problems.append(f"trace {i} covers {shape[1] if len(shape) >= 2 else None} steps, the record {step}")
+    if problems:
+        raise CheckpointError(f"the checkpoint state {state_path} does not match its record {RECORD}: "
+                              + "; ".join(problems[:4]) + ". Delete the folder or start over with resume=False "
+                              "(asyncfl run --overwrite)")
 
 
 def read_record(directory: str) -> dict[str, Any] | None:
@@ -570,8 +640,10 @@ def load(directory: str, identity: Mapping[str, Any], carry_shape: Any, *, shard
         )
     shapes, treedef = jax.tree_util.tree_flatten(carry_shape)
     _check_layout(directory, record, shapes)
+    _check_checksum(os.path.join(directory, RECORD), record)
     state_path = _check_files(directory, record)
     arrays = _read_state(state_path, record, _leaf_shardings(shardings, treedef))
+    _check_state(state_path, record, arrays, identity)
     return LoopState(
         next_chunk=int(record["next_chunk"]),
         eval_steps=[int(s) for s in arrays["eval_steps"]],

@@ -30,7 +30,8 @@ finished run there. Ctrl-C or SIGTERM lets the current chunk finish, saves, and 
 ``asyncfl run --resume DIR`` then continues from ``DIR/config.json``: finished runs are reused, the unfinished one
 continues from its checkpoint, and the results equal an uninterrupted run's. ``--out DIR`` refuses (exit code 2) a
 non-empty DIR unless it holds an unfinished run of the same configuration (which is then continued) or
-``--overwrite`` is given.
+``--overwrite`` is given (which deletes only the files listed in DIR/manifest.json; a run locks DIR, so a second
+process there is refused).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="output folder (default: runs/default); it must be new or empty, or hold an "
                                    "unfinished run of the same configuration (which is continued), unless --overwrite")
     run.add_argument("--overwrite", action="store_true",
-                     help="start over in a non-empty --out folder (deletes its earlier results and checkpoints)")
+                     help="start over in a non-empty --out folder (deletes the earlier results and checkpoints "
+                          "listed in its manifest.json, nothing else)")
     run.add_argument("--resume", metavar="DIR",
                      help="continue the interrupted run in DIR (its config.json and checkpoints); finished runs are "
                           "reused, the results equal an uninterrupted run's")
@@ -344,34 +346,20 @@ def _resumed_config(args: argparse.Namespace) -> ExperimentConfig:
 
 
 def _check_output(cfg: ExperimentConfig, overwrite: bool) -> bool:
-    """Output safety before anything is compiled; returns whether to continue (resume) the run found there."""
-    from asyncfl_jax.experiment import clean_output, output_status
+    """Output safety before anything is loaded or compiled (read-only: what ``--overwrite`` deletes is deleted by
+    ``run_config`` under the folder's lock, once the data are loaded); returns whether to continue the run found
+    there (see :func:`asyncfl_jax.experiment.decide_output`)."""
+    from asyncfl_jax.experiment import decide_output, output_status
 
-    status = output_status(cfg)
-    out = cfg.output
-    if status.kind == "new":
-        return False
-    if status.kind == "not_a_folder":
-        raise ConfigError(f"invalid option --out = {out!r}: it exists and is not a folder")
-    if overwrite:
-        print(f"asyncfl: --overwrite: deleting the earlier results and checkpoints in {out}")
-        clean_output(out)
-        return False
-    if status.kind == "unfinished":
-        print(f"asyncfl: {out} holds an unfinished run of this configuration: continuing it (finished runs are "
+    resume = not overwrite and output_status(cfg).kind == "unfinished"
+    decision = decide_output(cfg, overwrite=overwrite, resume=resume)
+    if decision == "overwrite":
+        print(f"asyncfl: --overwrite: the earlier results in {cfg.output} (those its manifest.json lists, nothing "
+              "else) are deleted once the data are loaded")
+    if decision == "continue":
+        print(f"asyncfl: {cfg.output} holds an unfinished run of this configuration: continuing it (finished runs are "
               "reused; --overwrite starts over)")
-        return True
-    if status.kind == "finished":
-        raise ConfigError(f"{out} already holds the finished results of this configuration; pass --overwrite to run "
-                          f"it again, `asyncfl run --resume {out}` to rewrite the results from the saved runs, or "
-                          "choose another --out")
-    if status.kind == "different":
-        shown = list(status.differences[:8]) + ([f"... ({len(status.differences) - 8} more)"]
-                                                 if len(status.differences) > 8 else [])
-        raise ConfigError(f"{out} holds the results of a different configuration (saved -> this one: "
-                          + "; ".join(shown) + "); choose another --out or pass --overwrite to replace them")
-    raise ConfigError(f"{out} is not empty and holds no asyncfl results (no readable config.json); choose another "
-                      "--out or pass --overwrite to write into it")
+    return decision == "continue"
 
 
 def _check_out_path(out: str) -> None:
@@ -568,7 +556,7 @@ def _command(args: argparse.Namespace) -> int:
         with log_to_stderr():  # SIGINT/SIGTERM outside the simulation loop: _signals' handlers (main)
             histories = run_config(cfg, progress=not args.no_progress, plot=not args.no_plot, resume=resume,
                                    checkpoint_every=None if args.no_checkpoint else args.checkpoint_every,
-                                   callbacks=callbacks)
+                                   callbacks=callbacks, overwrite=args.overwrite and not resume)
     except SimulationInterrupted as e:
         print(f"asyncfl: {e}", file=sys.stderr)
         if e.checkpoint_dir is not None:

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from asyncfl_jax import checkpoint, distributed
+from asyncfl_jax import checkpoint, distributed, outputs
 from asyncfl_jax.algorithms import get_algorithm
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.config import ConfigError, ExperimentConfig, RunConfig, algorithm_defaults, resolve, validate
@@ -188,26 +188,36 @@ def run_experiment(
     )
 
 
-def save_schedules(cfg: ExperimentConfig, run: RunConfig, schedules: Sequence[Schedule]) -> None:
-    """Writes one schedule per seed to ``<output>/schedules/<run>-seed<s>.npz``."""
+def save_schedules(cfg: ExperimentConfig, run: RunConfig, schedules: Sequence[Schedule],
+                   manifest: outputs.Manifest | None = None) -> None:
+    """Writes one schedule per seed to ``<output>/schedules/<run>-seed<s>.npz`` (listed first in ``manifest``, when
+    given; the paths are checked to stay inside the output folder)."""
     for seed, schedule in zip(cfg.seeds, schedules):
-        schedule.save(os.path.join(cfg.output, "schedules", f"{run.name}-seed{seed}.npz"))
+        _save_schedule(cfg, f"{run.name}-seed{seed}.npz", schedule, manifest)
 
 
-def save_realized_schedules(cfg: ExperimentConfig, run: RunConfig, history: History) -> None:
+def _save_schedule(cfg: ExperimentConfig, name: str, schedule: Schedule, manifest: outputs.Manifest | None) -> None:
+    relative = f"schedules/{outputs.check_label(name, 'a schedule file name')}"
+    path = (manifest.add(relative)[0] if manifest is not None
+            else outputs.path_inside(cfg.output, relative))
+    schedule.save(path)
+
+
+def save_realized_schedules(cfg: ExperimentConfig, run: RunConfig, history: History,
+                            manifest: outputs.Manifest | None = None) -> None:
     """The schedules a clocked run went through: one per seed, or with a hyper-parameter sweep (whose points go
     through different events) one per replica, ``<run>-seed<s>-replica<r>.npz``."""
     schedules = history.realized_schedules
     if len(schedules) == len(cfg.seeds):
-        save_schedules(cfg, run, schedules)
+        save_schedules(cfg, run, schedules, manifest)
         return
     for r, (seed, schedule) in enumerate(zip(history.seeds, schedules)):
-        schedule.save(os.path.join(cfg.output, "schedules", f"{run.name}-seed{seed}-replica{r}.npz"))
+        _save_schedule(cfg, f"{run.name}-seed{seed}-replica{r}.npz", schedule, manifest)
 
 
 def checkpoint_dir_for(output: str, run: RunConfig) -> str:
     """Where a run of an experiment written to ``output`` keeps its checkpoint and, once finished, its History."""
-    return os.path.join(output, "checkpoints", run.name)
+    return outputs.path_inside(output, f"checkpoints/{outputs.check_label(run.name, 'run label')}")
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
@@ -235,10 +245,10 @@ def config_differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
 class OutputStatus:
     """What an output folder holds, as seen by ``asyncfl run --out``.
 
-    ``kind``: "new" (missing or empty), "unfinished" (an unfinished run of the same configuration: it can be
-    continued), "finished" (the finished results of the same configuration), "different" (results of another
-    configuration; ``differences`` lists the options), "foreign" (not empty and not an asyncfl output folder) or
-    "not_a_folder".
+    ``kind``: "new" (missing, empty, or holding only this package's bookkeeping), "unfinished" (an unfinished run of
+    the same configuration: it can be continued), "finished" (the finished results of the same configuration),
+    "different" (results of another configuration; ``differences`` lists the options), "foreign" (not empty and not
+    an asyncfl output folder) or "not_a_folder".
     """
 
     kind: str
@@ -246,13 +256,14 @@ class OutputStatus:
 
 
 def output_status(cfg: ExperimentConfig) -> OutputStatus:
-    """Classifies ``cfg.output`` (see :class:`OutputStatus`); the configurations are compared without ``output``."""
+    """Classifies ``cfg.output`` (see :class:`OutputStatus`); the configurations are compared without ``output``.
+    The lock file, the manifest and orphaned temporary files alone make no results: such a folder is "new"."""
     out = cfg.output
     if not os.path.exists(out):
         return OutputStatus("new")
     if not os.path.isdir(out):
         return OutputStatus("not_a_folder")
-    if not os.listdir(out):
+    if outputs.bookkeeping_only(out):  # empty, or what a run killed during its first write leaves
         return OutputStatus("new")
     try:
         with open(os.path.join(out, "config.json")) as f:
@@ -281,34 +292,170 @@ def _resolved_dict(config: dict[str, Any]) -> dict[str, Any]:
 OUTPUT_FILES = ("config.json", "environment.json", "metrics.csv", "summary.json", "accuracy.png")
 
 
-def clean_output(output: str) -> None:
-    """Deletes what ``asyncfl run`` writes to ``output`` (result files, schedules, checkpoints, saved Histories) and
-    nothing else, so that a run can start over there. In a run over several processes every process calls it and
-    process 0 deletes, between two barriers (every process has looked at the folder before, and sees it clean after).
-    """
+def check_output_paths(cfg: ExperimentConfig) -> None:
+    """Refuses (``ConfigError``) an output folder name or a run label that would put a file outside ``cfg.output``
+    (see :func:`asyncfl_jax.outputs.check_label`); nothing is read or written."""
+    outputs.check_output_name(cfg.output)
+    outputs.check_labels([run.name for run in cfg.runs])
+
+
+def run_targets(cfg: ExperimentConfig) -> list[str]:
+    """The paths (relative to ``cfg.output``) that running ``cfg`` writes: the result files, each run's schedule
+    files and checkpoint folder, its per-client metrics, and the realized schedules of a sweep already there."""
+    targets = list(OUTPUT_FILES)
+    for run in cfg.runs:
+        targets += [f"schedules/{run.name}-seed{seed}.npz" for seed in cfg.seeds]
+        pattern = os.path.join(glob.escape(os.path.join(cfg.output, "schedules")), f"{glob.escape(run.name)}-seed*.npz")
+        targets += [f"schedules/{os.path.basename(p)}" for p in sorted(glob.glob(pattern))]
+        targets += [f"client_metrics/{run.name}.npz", f"trajectory/{run.name}.npz", f"checkpoints/{run.name}"]
+    return list(dict.fromkeys(targets))
+
+
+def saved_configurations(output: str) -> list[tuple[str, Any]]:
+    """The configurations that the results in ``output`` were computed with, by the file that records each: the
+    manifest, ``summary.json`` and each saved History (``checkpoints/<run>/history.json``); unreadable ones are
+    skipped (they are not reused either)."""
+    found: list[tuple[str, Any]] = []
+    with contextlib.suppress(ConfigError):
+        manifest = outputs.Manifest.load(output)
+        if manifest is not None and manifest.config is not None:
+            found.append((outputs.MANIFEST_NAME, manifest.config))
+    paths = [("summary.json", os.path.join(output, "summary.json"), ("config",))]
+    for folder in sorted(glob.glob(os.path.join(glob.escape(output), "checkpoints", "*"))):
+        if os.path.isdir(folder) and not os.path.islink(folder):
+            name = f"checkpoints/{os.path.basename(folder)}/history.json"
+            paths.append((name, os.path.join(folder, "history.json"), ("meta", "config")))
+    for name, path, keys in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                value: Any = json.load(f)
+            for key in keys:
+                value = value[key]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(value, dict):
+            found.append((name, value))
+    return found
+
+
+def check_unchanged(cfg: ExperimentConfig) -> None:
+    """Refuses (``ConfigError``) to continue in ``cfg.output`` when a result there was computed with another
+    configuration than ``cfg`` (e.g. ``config.json`` was edited after the run): checked before anything is
+    recomputed or replaced. ``cfg`` is resolved."""
+    current = _comparable(cfg.to_dict())
+    for source, saved in saved_configurations(cfg.output):
+        differences = config_differences(_comparable(_resolved_dict(saved)), current)
+        if differences:
+            shown = differences[:8] + ([f"... ({len(differences) - 8} more)"] if len(differences) > 8 else [])
+            raise ConfigError(
+                f"cannot continue in {cfg.output}: its results were computed with another configuration than its "
+                f"config.json (was config.json edited?); {source} records (saved -> config.json): " + "; ".join(shown)
+                + ". Nothing was changed: restore config.json, or start over with --overwrite or another --out")
+
+
+def decide_output(cfg: ExperimentConfig, overwrite: bool = False, resume: bool = False, check_lock: bool = True) -> str:
+    """What writing ``cfg`` to ``cfg.output`` does, or a ``ConfigError`` saying why it cannot (read-only):
+
+    * "new": the folder is missing, empty, or holds only this package's bookkeeping (the lock file, the manifest,
+      temporary files of a run killed during its first write);
+    * "continue" (``resume``): the folder holds results of this very configuration, checked against
+      ``config.json`` and against every saved record (:func:`check_unchanged`);
+    * "overwrite" (``overwrite``): what the folder's manifest lists will be deleted, once the new run's data are
+      loaded; refused when a file the run would write exists without being listed (a file of someone else).
+
+    A folder locked by a live run is refused (:class:`~asyncfl_jax.outputs.OutputLockedError`), as is one that holds
+    an unfinished run (unless ``resume``), finished or different results, or files of someone else (unless
+    ``overwrite``)."""
+    out = cfg.output
+    check_output_paths(cfg)
+    status = output_status(cfg)
+    if status.kind == "not_a_folder":
+        raise ConfigError(f"invalid option --out = {out!r}: it exists and is not a folder")
+    if check_lock:  # (the processes of a multi-process run other than process 0, which holds the lock, do not)
+        outputs.refuse_if_locked(out)
+    if status.kind == "new":
+        return "new"
+    manifest = outputs.Manifest.load(out)  # an unreadable or edited manifest is refused, whatever comes next
+    if resume and not overwrite:
+        if status.kind == "different":
+            raise ConfigError(f"cannot resume in {out}: it holds a different configuration ("
+                              + "; ".join(status.differences) + ")")
+        if status.kind == "foreign":
+            raise ConfigError(f"cannot resume in {out}: it holds no asyncfl results (no readable config.json)")
+        check_unchanged(cfg)
+        return "continue"
+    if overwrite:
+        clash = outputs.unlisted_targets(out, manifest, run_targets(cfg))
+        if clash:
+            raise ConfigError(
+                f"--overwrite deletes only what asyncfl listed in {os.path.join(out, outputs.MANIFEST_NAME)}, and "
+                f"{out} holds {', '.join(clash[:6])}{' ...' if len(clash) > 6 else ''} where this run would write, "
+                "listed in no manifest (files of yours, or results of an asyncfl_jax version before manifests); "
+                "nothing was deleted: move them away yourself or choose another --out")
+        return "overwrite"
+    if status.kind == "unfinished":
+        raise ConfigError(f"{out} holds an unfinished run of this configuration: continue it with resume=True "
+                          f"(`asyncfl run --resume {out}`) or start over with overwrite=True (--overwrite)")
+    if status.kind == "finished":
+        raise ConfigError(f"{out} already holds the finished results of this configuration; pass --overwrite to run "
+                          f"it again, `asyncfl run --resume {out}` to rewrite the results from the saved runs, or "
+                          "choose another --out")
+    if status.kind == "different":
+        shown = list(status.differences[:8]) + ([f"... ({len(status.differences) - 8} more)"]
+                                                 if len(status.differences) > 8 else [])
+        raise ConfigError(f"{out} holds the results of a different configuration (saved -> this one: "
+                          + "; ".join(shown) + "); choose another --out or pass --overwrite to replace them")
+    raise ConfigError(f"{out} is not empty and holds no asyncfl results (no readable config.json); choose another "
+                      "--out or pass --overwrite to write into it (your files there are kept)")
+
+
+def clean_output(output: str) -> list[str]:
+    """Deletes what ``asyncfl run`` wrote to ``output`` as listed in its manifest (result files, schedules,
+    checkpoints, saved Histories) and nothing else, never following a symbolic link (see
+    :func:`asyncfl_jax.outputs.remove_listed`); returns the listed paths that were kept (e.g. a folder that also
+    holds files of others). Without a manifest nothing is deleted. In a run over several processes every process
+    calls it and process 0 deletes, between two barriers."""
     distributed.sync("clean_output:before")
-    if distributed.is_primary():
-        _clean_output(output)
+    kept = _clean_output(output) if distributed.is_primary() else []
     distributed.sync("clean_output:after")
+    return kept
 
 
-def _clean_output(output: str) -> None:
-    for name in OUTPUT_FILES:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(output, name))
-    for path in (*glob.glob(os.path.join(output, "schedules", "*-seed*.npz")),
-                 *glob.glob(os.path.join(output, "client_metrics", "*.npz"))):
-        os.remove(path)
-    for folder in glob.glob(os.path.join(output, "checkpoints", "*")):
-        if os.path.isdir(folder):
-            checkpoint.clear(folder)
-            remove_history(folder)
-            for tmp in glob.glob(os.path.join(folder, ".tmp-*")):
-                os.remove(tmp)
-    for folder in (*glob.glob(os.path.join(output, "checkpoints", "*")), os.path.join(output, "checkpoints"),
-                   os.path.join(output, "schedules"), os.path.join(output, "client_metrics")):
-        with contextlib.suppress(OSError):  # only when empty
-            os.rmdir(folder)
+def _clean_output(output: str) -> list[str]:
+    manifest = outputs.Manifest.load(output)
+    if manifest is None:
+        return []
+    kept = outputs.remove_listed(manifest)
+    if kept:
+        logger.info("%s: kept %s (they hold files asyncfl did not write, or lie behind a symbolic link)", output,
+                    ", ".join(kept))
+    return kept
+
+
+def _start_writing(cfg: ExperimentConfig, decision: str, config: dict[str, Any]) -> outputs.Manifest:
+    """The manifest of a run about to write to ``cfg.output`` (after its data were loaded): with "overwrite" the
+    listed earlier results are deleted first; orphaned temporary files of a killed write are deleted; with
+    "continue" the results already there (of this same configuration) are adopted into the manifest."""
+    out = cfg.output
+    previous = outputs.Manifest.load(out)
+    if decision == "overwrite":
+        logger.info("--overwrite: deleting the earlier results listed in %s", os.path.join(out, outputs.MANIFEST_NAME))
+        _clean_output(out)
+        previous = None
+    if previous is not None:
+        outputs.remove_orphans_of(previous)
+    outputs.remove_orphan_temporaries(out, (*OUTPUT_FILES, outputs.MANIFEST_NAME))
+    manifest = outputs.Manifest(out, previous.entries if decision == "continue" and previous else {},
+                                _comparable(config))
+    if decision == "continue":
+        for target in run_targets(cfg):
+            path = os.path.join(out, *target.split("/"))
+            if os.path.lexists(path):
+                manifest.entries.setdefault(target, "checkpoints" if target.startswith("checkpoints/") else "file")
+                if "/" in target:
+                    manifest.entries.setdefault(target.split("/")[0], "folder")
+    manifest.write()
+    return manifest
 
 
 def run_config(
@@ -319,19 +466,25 @@ def run_config(
     checkpoint_every: int | None = 1,
     resume: bool = False,
     callbacks: Sequence[Any] = (),
+    overwrite: bool = False,
 ) -> list[History]:
     """Validates, runs every run of the experiment and (optionally) writes the results to ``cfg.output``.
 
-    With ``write``, ``config.json`` and ``environment.json`` are written first (so that a killed run can be
-    resumed), then each run saves its schedules, checkpoints every ``checkpoint_every`` evaluation chunks into
-    ``<output>/checkpoints/<run>/`` (None: no checkpoints) and, when it finishes, saves its History there (and
-    deletes its checkpoint). ``resume=True`` continues an interrupted experiment: the saved Histories of finished
-    runs are reused, the unfinished run continues from its checkpoint, and the results equal those of an
-    uninterrupted run (timings aside). It refuses (``ConfigError``) an output folder whose ``config.json`` holds
-    another configuration. ``callbacks`` are passed to every run's :func:`~asyncfl_jax.engine.simulate` (the same
-    objects for each run, one run after the other; e.g. a
-    :class:`~asyncfl_jax.engine.callbacks.TensorBoardLogger`). Messages (memory budgets, reused runs) go to the
-    ``asyncfl_jax`` logger at INFO.
+    With ``write``, the folder is locked for the whole call (:class:`~asyncfl_jax.outputs.OutputLock`: another
+    process is refused), checked (:func:`decide_output`: a folder holding anything but a new start is refused unless
+    ``resume`` continues the same configuration or ``overwrite`` starts over), and every file written is first
+    listed in ``manifest.json``. Once the data are loaded and the first run's schedules built (a failure before that
+    leaves the folder as it was), the earlier results are deleted (``overwrite``), then ``config.json`` and
+    ``environment.json`` are written (so that a killed run can be resumed); each run saves its schedules,
+    checkpoints every ``checkpoint_every`` evaluation chunks into ``<output>/checkpoints/<run>/`` (None: no
+    checkpoints) and, when it finishes, saves its History there (and deletes its checkpoint). ``resume=True``
+    continues an interrupted experiment: the saved Histories of finished runs are reused, the unfinished run continues
+    from its checkpoint, and the results equal those of an uninterrupted run (timings aside). It refuses
+    (``ConfigError``), before anything is recomputed or replaced, an output folder whose ``config.json`` holds another
+    configuration or whose saved results were computed with another one than ``config.json`` says. ``callbacks`` are
+    passed to every run's :func:`~asyncfl_jax.engine.simulate` (the same objects for each run, one run after the
+    other; e.g. a :class:`~asyncfl_jax.engine.callbacks.TensorBoardLogger`). Messages (memory budgets, reused runs)
+    go to the ``asyncfl_jax`` logger at INFO.
     """
     validate(cfg)
     cfg = resolve(cfg)  # config.json holds every default
@@ -340,31 +493,54 @@ def run_config(
         raise ConfigError(f"this run spans {processes} processes (jax.distributed): set shard_replicas or "
                           "shard_clients (--shard-replicas, --shard-clients) to split it between them")
     check_memory(cfg)  # what cannot fit is refused before any data or schedule is built
-    environment = {**environment_info(), **invocation_info()} if write else None
-    config = cfg.to_dict()
     checkpointing = write and checkpoint_every is not None
     files = write and distributed.is_primary()  # checkpoints: every process (its shards); other files: process 0
     if checkpointing and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
                           or checkpoint_every < 1):
         raise ConfigError(f"invalid option checkpoint_every = {checkpoint_every!r}: must be an integer >= 1")
-    if write:
-        if resume:
-            status = output_status(cfg)
-            if status.kind == "different":
-                raise ConfigError(f"cannot resume in {cfg.output}: it holds a different configuration ("
-                                  + "; ".join(status.differences) + ")")
-    if write:
+    if not write:
+        return _run_all(cfg, None, False, progress, plot, None, False, callbacks)
+    check_output_paths(cfg)
+    with outputs.OutputLock(cfg.output) if files else contextlib.nullcontext():  # process 0 holds the lock
+        decision = decide_output(cfg, overwrite=overwrite, resume=resume, check_lock=files)
         distributed.sync("run_config:checked")  # every process looked at the output folder before anything is written
-    if files:
-        write_atomic(os.path.join(cfg.output, "config.json"), json.dumps(config, indent=2, sort_keys=True) + "\n")
-        write_atomic(os.path.join(cfg.output, "environment.json"), environment_json(environment, config))
+        return _run_all(cfg, decision, files, progress, plot, checkpoint_every if checkpointing else None,
+                        decision == "continue", callbacks)
+
+
+def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress: bool, plot: bool,
+             checkpoint_every: int | None, resume: bool, callbacks: Sequence[Any]) -> list[History]:
+    """The runs of ``cfg`` (resolved). With a ``decision`` (:func:`decide_output`) the runs are checkpointed when
+    ``checkpoint_every`` is given, and with ``files`` (process 0, the folder locked) the result files are written,
+    each listed in the manifest first; without a decision nothing is written."""
+    write = decision is not None
+    config = cfg.to_dict()
+    environment = {**environment_info(), **invocation_info()} if files else None
     task = build_task(cfg)
+    schedules_of = {0: build_schedules(cfg, cfg.runs[0])}  # the first run's schedule files are read before writing
+    manifest = None
+    if files:
+        manifest = _start_writing(cfg, decision, config)
+        try:
+            paths = manifest.add("config.json", "environment.json")
+            write_atomic(paths[0], json.dumps(config, indent=2, sort_keys=True) + "\n")
+            write_atomic(paths[1], environment_json(environment, config))
+        except BaseException:
+            if decision != "continue":  # a failed first write: the folder goes back to holding no run
+                outputs.remove_listed(manifest)
+            raise
     histories = []
-    for run in cfg.runs:
-        schedules = build_schedules(cfg, run)
+    for i, run in enumerate(cfg.runs):
+        schedules = schedules_of.pop(i) if i in schedules_of else build_schedules(cfg, run)
         if files and run.protocol.name != "event_clock":  # the exact schedules, to replay the run (schedule_files)
-            save_schedules(cfg, run, schedules)
-        folder = checkpoint_dir_for(cfg.output, run) if checkpointing else None
+            save_schedules(cfg, run, schedules, manifest)
+        folder = None
+        if write and checkpoint_every is not None:
+            if files:
+                (folder,) = manifest.add(f"checkpoints/{run.name}", kind="checkpoints")
+                outputs.remove_orphan_temporaries(folder, ("history.json", "history.npz"))
+            else:
+                folder = checkpoint_dir_for(cfg.output, run)
         meta = {"config": _comparable(config), "run": run.name}
         history = load_history(folder, meta) if folder is not None and resume else None
         if history is not None:
@@ -375,8 +551,10 @@ def run_config(
             history = run_experiment(cfg, run, task, schedules, progress=progress, checkpoint_dir=folder,
                                      checkpoint_every=checkpoint_every or 1, resume=resume, callbacks=callbacks)
             if files and history.realized_schedules is not None:  # the events the clocked run went through
-                save_realized_schedules(cfg, run, history)
+                save_realized_schedules(cfg, run, history, manifest)
             if files:  # now, not with the results: a finished run's History is reloaded without its trajectory
+                if history.trajectory is not None:
+                    manifest.add(f"trajectory/{history.label}.npz")
                 write_trajectory(cfg.output, history)
             if folder is not None and distributed.is_primary():
                 save_history(history, folder, meta)
@@ -385,7 +563,10 @@ def run_config(
                 distributed.sync(f"run_config:{run.name}")  # every process sees the run finished
         histories.append(history)
     if files:
+        manifest.add(*OUTPUT_FILES[:4], *OUTPUT_FILES[4:] * plot)
         write_results(cfg.output, config, histories, plot=plot, environment=environment)
         for history in histories:
+            if history.client_metrics:
+                manifest.add(f"client_metrics/{history.label}.npz")
             write_client_metrics(cfg.output, history)
     return histories

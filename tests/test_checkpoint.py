@@ -312,6 +312,7 @@ def test_a_corrupt_or_unreadable_orbax_array_file_is_refused(tmp_path):
     path.write_bytes(path.read_bytes()[:100])
     edited = record(str(copy))
     edited["state_files"][name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    edited["record_sha256"] = ckpt.record_checksum(edited)  # a forged record, sealed again
     (copy / "checkpoint.json").write_text(json.dumps(edited))
     with pytest.raises(CheckpointError, match=r"state-000002 cannot be read \("):
         ckpt.load(str(copy), {}, carry_shape_of(state))
@@ -765,9 +766,13 @@ def test_finished_results_of_the_same_configuration_are_not_rerun_silently(tmp_p
 
 def test_overwrite_deletes_only_what_asyncfl_wrote(tmp_path):
     from asyncfl_jax.experiment import clean_output
+    from asyncfl_jax.outputs import Manifest
 
     out = tmp_path / "old"
     _write_config(out)
+    Manifest(str(out), {"config.json": "file", "summary.json": "file", "metrics.csv": "file", "schedules": "folder",
+                        "schedules/fedbuff-seed0.npz": "file", "checkpoints": "folder",
+                        "checkpoints/fedbuff": "checkpoints"}).write()
     for name in ("summary.json", "metrics.csv", "notes.txt"):
         (out / name).write_text("x")
     (out / "schedules").mkdir()
