@@ -95,7 +95,7 @@ def _build_parser() -> argparse.ArgumentParser:
                           "~/.cache/asyncfl_jax/jax; ASYNCFL_COMPILE_CACHE=off also turns it off)")
     run.add_argument("--tensorboard", metavar="DIR",
                      help="also write every replica's metrics as TensorBoard scalars under DIR/<run>/<point>/seed<s> "
-                          "(needs tensorboardX: pip install 'asyncfl-jax[tensorboard]')")
+                          "(needs tensorboardX: pip install -e '.[tensorboard]' from a clone)")
 
     g = run.add_argument_group("data and model")
     g.add_argument("--dataset", help="synthetic | fashion_mnist | mnist (IDX files) | tfds/mnist | tfds/fashion_mnist | "

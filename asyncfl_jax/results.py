@@ -341,8 +341,8 @@ class History:
     def to_dataframe(self) -> Any:
         """A pandas DataFrame with one row per (replica, evaluation): the columns of :meth:`rows` (run, algorithm,
         replica, seed, each swept value, point, step, time, uploads, every metric, diverged_at). Needs pandas
-        (``pip install 'asyncfl-jax[pandas]'``). Group by ``["run", "point", "step"]`` for per-point curves; filter
-        ``diverged_at < 0`` first to leave diverged replicas out."""
+        (``pip install -e ".[pandas]"`` from a clone). Group by ``["run", "point", "step"]`` for per-point curves;
+        filter ``diverged_at < 0`` first to leave diverged replicas out."""
         return histories_dataframe([self])
 
     def summary(self) -> dict[str, Any]:
@@ -450,7 +450,7 @@ def _pandas() -> Any:
         import pandas
     except ImportError:
         raise ImportError("History.to_dataframe needs pandas, which is not installed: pip install pandas (or "
-                          "pip install 'asyncfl-jax[pandas]')") from None
+                          "pip install -e \".[pandas]\" from a clone)") from None
     return pandas
 
 

@@ -14,7 +14,7 @@ Two comparisons, both measured in the same ``bench.py`` run:
   the CLI has one (``ASYNCFL_COMPILE_CACHE``). The PyTorch process is handed the partition and schedule (an ``.npz``
   written here) because computing them would need this package; both are cheap (well under a second).
 
-PyTorch is an optional benchmark dependency (``pip install 'asyncfl-jax[bench]'``, CPU wheel ``torch==2.13.0``);
+PyTorch is an optional benchmark dependency (``pip install -e ".[bench]"`` from a clone, CPU wheel ``torch==2.13.0``);
 without it the part is skipped with that message.
 """
 
@@ -219,7 +219,7 @@ def run_part(ds: Any, parts: list[np.ndarray], mode: str, setting: dict[str, Any
              models: tuple[str, ...] = ("logreg", "mlp", "cnn"), probe=None, e2e: bool = True) -> dict[str, Any]:
     """The whole ``torch`` part (see the module docstring); ``setting``: bench.py's FedBuff setting."""
     if not torch_available():
-        msg = "PyTorch is not installed (pip install 'asyncfl-jax[bench]'); the PyTorch yardstick is skipped"
+        msg = "PyTorch is not installed (pip install -e '.[bench]' from a clone); the PyTorch yardstick is skipped"
         log(f"  !! {msg}")
         return {"skipped": msg}
     import torch  # noqa: PLC0415  (only its version: the loops run in their own processes)

@@ -298,7 +298,7 @@ def _tensorboardx() -> Any:
         import tensorboardX
     except ImportError:
         raise ImportError("TensorBoardLogger needs tensorboardX, which is not installed: pip install tensorboardX "
-                          "(or pip install 'asyncfl-jax[tensorboard]')") from None
+                          "(or pip install -e \".[tensorboard]\" from a clone)") from None
     return tensorboardX
 
 
@@ -312,7 +312,7 @@ class TensorBoardLogger:
     folder names select them (regular expressions on ``point`` or ``seed``). Non-finite values (a diverged replica)
     are written as they are. The initial model (step 0) is not written: callbacks see the evaluations after chunks.
 
-    Needs ``tensorboardX`` (``pip install 'asyncfl-jax[tensorboard]'``); the error says so when it is missing.
+    Needs ``tensorboardX`` (``pip install -e ".[tensorboard]"`` from a clone); the error says so when it is missing.
     """
 
     def __init__(self, logdir: str, flush_secs: int = 10) -> None:
