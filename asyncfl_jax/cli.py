@@ -53,6 +53,9 @@ from asyncfl_jax.errors import InputError, PartitionError
 from asyncfl_jax.presets import get_preset, unavailable
 from asyncfl_jax.config import ConfigError, ExperimentConfig, parse_value, resolve, set_option, validate
 
+AREA_DEFAULT_ARRIVALS = 12_000
+"""Uploads of ``asyncfl run --algorithm area|as_fedavg`` (every other algorithm: 3,000); see docs/defaults.md."""
+
 
 def _parse_list(text: str, cast=float) -> list:
     return [cast(v) for v in text.split(",") if v.strip()]
@@ -122,7 +125,8 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr", type=float, help="client learning rate")
 
     g = run.add_argument_group("algorithm (replaces the default runs with a single run)")
-    g.add_argument("--algorithm", help=" | ".join(sorted(REGISTRY)) + " (see `asyncfl algorithms`)")
+    g.add_argument("--algorithm", help=" | ".join(sorted(REGISTRY)) + " (see `asyncfl algorithms`): one run of "
+                   "3,000 uploads (area, as_fedavg: 12,000) with the algorithm's usual protocol")
     g.add_argument("--preset", help="a paper's selected setting, e.g. asyncfeded/femnist/fedasync_hinge: algorithm, "
                    "options, hyper-parameters, protocol and local training (see `asyncfl presets`); other options "
                    "override it")
@@ -252,6 +256,9 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         if args.algorithm in ("area", "as_fedavg"):  # every client always computing, Delta = 4 (AREA paper)
             run["protocol"] = {"name": "concurrent", "concurrency": None, "buffer_size": 4,  # None: n, below
                                "refill": "immediate"}
+            # The model is the mean of all n clients' latest local models, so an upload moves it by 1/n of a local
+            # update: 3,000 uploads (30 per client) leave it near 0.33-0.46; 12,000 learn (docs/defaults.md).
+            run["arrivals"] = AREA_DEFAULT_ARRIVALS
         raw["runs"] = [run]
     for run in raw["runs"]:
         if args.staleness is not None:

@@ -42,17 +42,20 @@ GRIDS: dict[str, dict[str, list[float]]] = {
 """The swept hyper-parameter of each algorithm (none: the algorithm has no server hyper-parameter)."""
 
 
-def sweep_config(algorithm: str, arrivals: int, seeds: Sequence[int]) -> Any:
-    """The configuration of ``asyncfl run --algorithm ALGORITHM`` with the algorithm's grid swept."""
+def sweep_config(algorithm: str, arrivals: int | None, seeds: Sequence[int]) -> Any:
+    """The configuration of ``asyncfl run --algorithm ALGORITHM`` with the algorithm's grid swept (``arrivals``:
+    ``None`` keeps the command's own number of uploads: 3,000, or 12,000 for AREA and AS-FedAvg)."""
     from asyncfl_jax.cli import config_from_argv
 
-    argv = ["--algorithm", algorithm, "--arrivals", str(arrivals), "--seeds", ",".join(map(str, seeds))]
+    argv = ["--algorithm", algorithm, "--seeds", ",".join(map(str, seeds))]
+    if arrivals is not None:
+        argv += ["--arrivals", str(arrivals)]
     for name, values in GRIDS[algorithm].items():
         argv += ["--hparam", f"{name}=" + ",".join(f"{v:g}" for v in values)]
     return config_from_argv(argv)
 
 
-def sweep(algorithm: str, arrivals: int = 3000, seeds: Sequence[int] = (0, 1)) -> list[dict[str, Any]]:
+def sweep(algorithm: str, arrivals: int | None = None, seeds: Sequence[int] = (0, 1)) -> list[dict[str, Any]]:
     """Final test accuracy per grid point: mean over the seeds that did not diverge, and the diverged seeds."""
     from asyncfl_jax.config import validate
     from asyncfl_jax.experiment import run_config
@@ -110,7 +113,8 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algorithms", nargs="+", default=list(GRIDS), choices=list(GRIDS))
-    parser.add_argument("--arrivals", type=int, default=3000)
+    parser.add_argument("--arrivals", type=int, default=None,
+                        help="client uploads per run (default: what asyncfl run --algorithm NAME uses)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--out", default="results/defaults")
     args = parser.parse_args(argv)
