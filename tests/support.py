@@ -1,5 +1,5 @@
-"""Helpers shared by the test modules: a small deterministic FL problem, schedule padding, a job replay, and the
-environment of a script run in a subprocess."""
+"""Helpers shared by the test modules: a small deterministic FL problem and its delay model, schedule padding, a job
+replay, and the environment of a script run in a subprocess."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ import numpy as np
 from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.models.core import model_from_apply
 from asyncfl_jax.task import Task, make_task
+from asyncfl_jax.timing.delays import DelayModel
 from asyncfl_jax.timing.schedule import Schedule
 
 FEATURES, CLASSES = 5, 3
+TOY_DELAYS = DelayModel(speed="uniform", speed_low=1.0, speed_high=4.0, noise="exponential")
+"""The delay model of the small schedules: client speeds 1-4x apart, exponential noise."""
 
 
 def toy_problem(num_clients: int, seed: int = 0) -> tuple[Task, list[tuple[np.ndarray, np.ndarray]], np.ndarray]:

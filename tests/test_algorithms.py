@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 
 import reference as ref
-from support import CLASSES, FEATURES, toy_problem
+from support import CLASSES, FEATURES, TOY_DELAYS, toy_problem
 from asyncfl_jax.algorithms import ace, asgd, ca2fl, fedasync, fedavg, fedbuff, mifa
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.algorithms import ServerMeta
 from asyncfl_jax.engine import default_hparams, make_simulation, schedule_arrays, simulate
 from asyncfl_jax.task import task_arrays
-from asyncfl_jax.timing import DelayModel, make_schedule
+from asyncfl_jax.timing import make_schedule
 
 NUM_CLIENTS = 6
-DELAYS = DelayModel(speed="uniform", speed_low=1.0, speed_high=4.0, noise="exponential")
+DELAYS = TOY_DELAYS
 
 
 TASK, CLIENT_DATA, X0 = toy_problem(NUM_CLIENTS)

@@ -17,18 +17,18 @@ import numpy as np
 import pytest
 
 import reference as ref
-from support import CLASSES, FEATURES, common_widths, toy_problem
+from support import CLASSES, FEATURES, TOY_DELAYS, common_widths, toy_problem
 from asyncfl_jax.algorithms import (ace, aced, area, as_fedavg, asgd, ca2fl, delay_adaptive_asgd, fedbuff,
                                     mf_ca2fl, mifa, ServerMeta)
 from asyncfl_jax.algorithms.cache import dequantize, quantize
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine import make_simulation, resolve_hparams, simulate, stack_schedules
 from asyncfl_jax.task import task_arrays
-from asyncfl_jax.timing import DelayModel, make_schedule
+from asyncfl_jax.timing import make_schedule
 
 N = 8
 T, STEPS, LR = 30, 3, 0.3
-DELAYS = DelayModel(speed="uniform", speed_low=1.0, speed_high=4.0, noise="exponential")
+DELAYS = TOY_DELAYS
 LOCAL = LocalConfig(steps=STEPS, batch_size=None)
 GAP = 10  # the step the "gap" schedule leaves empty
 

@@ -16,7 +16,7 @@ import optax
 import pytest
 
 import reference as ref
-from support import CLASSES, FEATURES, toy_problem
+from support import CLASSES, FEATURES, TOY_DELAYS, toy_problem
 from asyncfl_jax.algorithms import fedbuff, get_algorithm, with_server_optimizer
 from asyncfl_jax.client import LocalConfig, dropout_key, make_local_update
 from asyncfl_jax.data.client_data import Dataset
@@ -24,10 +24,10 @@ from asyncfl_jax.engine import simulate
 from asyncfl_jax.losses import custom_loss, weighted_mean
 from asyncfl_jax.models.core import model_from_apply, model_from_flax
 from asyncfl_jax.task import make_evaluator, make_task, task_arrays
-from asyncfl_jax.timing import DelayModel, make_schedule
+from asyncfl_jax.timing import make_schedule
 
 NUM_CLIENTS = 4
-DELAYS = DelayModel(speed="uniform", speed_low=1.0, speed_high=4.0, noise="exponential")
+DELAYS = TOY_DELAYS
 TASK, CLIENT_DATA, X0 = toy_problem(NUM_CLIENTS)
 REF_MODEL = ref.LogReg(FEATURES, CLASSES)
 

@@ -85,8 +85,8 @@ def test_run_writes_results(tmp_path, capsys):
     out = tmp_path / "run"
     code = cli.main(["run", "--out", str(out), *SMALL, "--seeds", "0,1"])
     assert code == 0
-    assert sorted(os.listdir(out)) == ["accuracy.png", "checkpoints", "config.json", "environment.json", "manifest.json",
-                                       "metrics.csv", "schedules", "summary.json"]
+    assert sorted(os.listdir(out)) == ["accuracy.png", "checkpoints", "config.json", "environment.json",
+                                       "manifest.json", "metrics.csv", "schedules", "summary.json"]
     for run in ("fedbuff", "fedasync"):  # the finished runs keep their History, not their checkpoint
         assert sorted(os.listdir(out / "checkpoints" / run)) == ["history.json", "history.npz"]
     assert sorted(os.listdir(out / "schedules")) == ["fedasync-seed0.npz", "fedasync-seed1.npz", "fedbuff-seed0.npz",

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import reference as ref
-from support import CLASSES, FEATURES, common_widths, toy_problem
+from support import CLASSES, FEATURES, TOY_DELAYS, common_widths, toy_problem
 import reference_compression as cref
 from asyncfl_jax.algorithms import (COMPRESSORS, REGISTRY, Compressor, ServerMeta, area, asynfl, asynflc, asynflc_ef,
                                     ca2fl, compressed, error_feedback, fedasync, fedbuff, get_algorithm,
@@ -25,11 +25,11 @@ from asyncfl_jax.algorithms.compression import CompressionClientState, content_h
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine import make_simulation, resolve_hparams, stack_schedules
 from asyncfl_jax.task import task_arrays
-from asyncfl_jax.timing import DelayModel, make_schedule
+from asyncfl_jax.timing import make_schedule
 
 N = 8
 T, STEPS, LR = 30, 3, 0.3
-DELAYS = DelayModel(speed="uniform", speed_low=1.0, speed_high=4.0, noise="exponential")
+DELAYS = TOY_DELAYS
 LOCAL = LocalConfig(steps=STEPS, batch_size=None)
 ETA = 3.0  # eta_g with the paper's 1/n normalization (n = 8)
 FRACTION = 0.25  # top-k keeps ceil(0.25 * 18) = 5 of the 18 parameters

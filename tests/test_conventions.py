@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import reference as ref
-from support import CLASSES, FEATURES, common_widths, toy_problem
+from support import CLASSES, FEATURES, TOY_DELAYS, common_widths, toy_problem
 from asyncfl_jax import cli
 from asyncfl_jax.algorithms import ServerMeta, ace, ca2fl, fedavg, fedbuff, get_algorithm, make_compressor, mf_ca2fl
 from asyncfl_jax.algorithms.cache import dequantize_absmax, make_cache, quantize_absmax
@@ -31,11 +31,11 @@ from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.config import ConfigError, ExperimentConfig, validate
 from asyncfl_jax.engine import make_simulation, resolve_hparams, stack_schedules
 from asyncfl_jax.task import task_arrays
-from asyncfl_jax.timing import DelayModel, make_schedule
+from asyncfl_jax.timing import make_schedule
 
 N = 6
 T, STEPS, LR = 20, 3, 0.3
-DELAYS = DelayModel(speed="uniform", speed_low=1.0, speed_high=4.0, noise="exponential")
+DELAYS = TOY_DELAYS
 LOCAL = LocalConfig(steps=STEPS, batch_size=None)
 ETA = 0.9
 

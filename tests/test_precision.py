@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import reference as ref
-from support import CLASSES, FEATURES, toy_problem
+from support import CLASSES, FEATURES, TOY_DELAYS, toy_problem
 from asyncfl_jax import cli
 from asyncfl_jax.algorithms import REGISTRY, ace, ca2fl, fedbuff, get_algorithm, with_server_optimizer
 from asyncfl_jax.algorithms.compression import error_feedback
@@ -30,9 +30,7 @@ TASK, DATA, X0 = toy_problem(N)
 MODEL = ref.LogReg(FEATURES, CLASSES)
 LOCAL = LocalConfig(steps=STEPS, batch_size=None)
 # Immediate refill with a buffer of 3: some client arrives twice in one step.
-SCHEDULE = make_schedule("concurrent", N, T, DelayModel(speed="uniform", speed_low=1.0, speed_high=4.0,
-                                                        noise="exponential"),
-                         seed=0, concurrency=5, buffer_size=3, refill="immediate")
+SCHEDULE = make_schedule("concurrent", N, T, TOY_DELAYS, seed=0, concurrency=5, buffer_size=3, refill="immediate")
 SYNC = make_schedule("synchronous", N, 4, DelayModel(), seed=0)
 
 

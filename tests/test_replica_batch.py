@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import reference as ref
-from support import CLASSES, FEATURES, toy_problem
+from support import CLASSES, FEATURES, TOY_DELAYS, toy_problem
 from asyncfl_jax import cli
 from asyncfl_jax.algorithms import fedbuff
 from asyncfl_jax.client import LocalConfig
@@ -20,15 +20,13 @@ from asyncfl_jax.engine import simulate
 from asyncfl_jax.engine.callbacks import Checkpoints
 from asyncfl_jax.engine.loop import map_replicas, prepare_run
 from asyncfl_jax.engine.placement import make_placement
-from asyncfl_jax.timing import DelayModel, make_schedule
+from asyncfl_jax.timing import make_schedule
 
 N, T, STEPS, LR = 5, 10, 2, 0.3
 TASK, DATA, X0 = toy_problem(N)
 MODEL = ref.LogReg(FEATURES, CLASSES)
 LOCAL = LocalConfig(steps=STEPS, batch_size=None)
-SCHEDULE = make_schedule("concurrent", N, T, DelayModel(speed="uniform", speed_low=1.0, speed_high=4.0,
-                                                        noise="exponential"),
-                         seed=1, concurrency=4, buffer_size=2, refill="immediate")
+SCHEDULE = make_schedule("concurrent", N, T, TOY_DELAYS, seed=1, concurrency=4, buffer_size=2, refill="immediate")
 SEEDS = (0, 1)
 HP = {"client_lr": LR, "server_lr": [0.5, 1.0]}
 

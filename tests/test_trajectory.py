@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import reference as ref
-from support import CLASSES, FEATURES, toy_problem
+from support import CLASSES, FEATURES, TOY_DELAYS, toy_problem
 from asyncfl_jax import cli, load_results
 from asyncfl_jax.algorithms import ace, fedbuff
 from asyncfl_jax.checkpoint import CheckpointMismatchError, SimulationInterrupted
@@ -31,9 +30,7 @@ N, T, STEPS, LR = 5, 12, 3, 0.3
 TASK, DATA, X0 = toy_problem(N)
 MODEL = ref.LogReg(FEATURES, CLASSES)
 LOCAL = LocalConfig(steps=STEPS, batch_size=None)
-SCHEDULE = make_schedule("concurrent", N, T, DelayModel(speed="uniform", speed_low=1.0, speed_high=4.0,
-                                                        noise="exponential"),
-                         seed=0, concurrency=5, buffer_size=3, refill="immediate")
+SCHEDULE = make_schedule("concurrent", N, T, TOY_DELAYS, seed=0, concurrency=5, buffer_size=3, refill="immediate")
 FEDBUFF_HP = {"client_lr": LR, "server_lr": 0.7}
 
 
