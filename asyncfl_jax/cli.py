@@ -580,20 +580,24 @@ def _command(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def log_to_stderr(level: int = logging.INFO):
     """While the block runs, the ``asyncfl_jax`` logger's messages at ``level`` and above are printed to stderr as
-    ``asyncfl: <message>`` lines (the handler is removed afterwards; library users see nothing unless they configure
-    logging themselves)."""
+    ``asyncfl: <message>`` lines, once each: they do not also go up to the root logger, where an imported library
+    may have put a handler of its own (importing orbax does), which would print every line a second time. The handler
+    and the logger's level and propagation are restored afterwards; library users see nothing unless they configure
+    logging themselves."""
     package = logging.getLogger("asyncfl_jax")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("asyncfl: %(message)s"))
     handler.setLevel(level)
-    previous = package.level
+    previous, propagated = package.level, package.propagate
     package.addHandler(handler)
     package.setLevel(level)
+    package.propagate = False
     try:
         yield handler
     finally:
         package.removeHandler(handler)
         package.setLevel(previous)
+        package.propagate = propagated
 
 
 def result_lines(h: Any) -> list[str]:

@@ -81,6 +81,33 @@ def test_print_config_is_valid_json(capsys):
     assert [r["algorithm"] for r in raw["runs"]] == ["fedbuff", "fedasync"]
 
 
+def test_each_message_is_printed_once_even_with_a_root_handler(tmp_path, capsys):
+    """Importing orbax puts a handler on the root logger; the command's messages must not reach it as well (each
+    line would be printed twice), and the logger is left as it was."""
+    import io
+    import logging
+
+    import orbax.checkpoint  # noqa: F401  (what adds the root handler in a real run)
+
+    root, package = logging.getLogger(), logging.getLogger("asyncfl_jax")
+    seen = io.StringIO()
+    extra = logging.StreamHandler(seen)
+    root.addHandler(extra)
+    level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        assert cli.main(["run", "--out", str(tmp_path / "run"), *SMALL, "--no-plot"]) == 0
+    finally:
+        root.removeHandler(extra)
+        root.setLevel(level)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("asyncfl: fedbuff: ")]
+    assert lines and len(lines) == len(set(lines)), err  # each progress / memory line once
+    assert "fedbuff: " not in seen.getvalue(), seen.getvalue()  # nothing went up to the root handler
+    assert package.propagate and not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.NullHandler)
+                                         for h in package.handlers)
+
+
 def test_run_writes_results(tmp_path, capsys):
     out = tmp_path / "run"
     code = cli.main(["run", "--out", str(out), *SMALL, "--seeds", "0,1"])
