@@ -53,8 +53,10 @@ from asyncfl_jax.errors import InputError, PartitionError
 from asyncfl_jax.presets import get_preset, unavailable
 from asyncfl_jax.config import ConfigError, ExperimentConfig, parse_value, resolve, set_option, validate
 
+DEFAULT_ARRIVALS = 3000
+"""Uploads of the run ``asyncfl run --algorithm NAME`` (or ``--preset NAME``) makes."""
 AREA_DEFAULT_ARRIVALS = 12_000
-"""Uploads of ``asyncfl run --algorithm area|as_fedavg`` (every other algorithm: 3,000); see docs/defaults.md."""
+"""Uploads of ``asyncfl run --algorithm area|as_fedavg`` instead of :data:`DEFAULT_ARRIVALS`; see docs/defaults.md."""
 
 
 def _parse_list(text: str, cast=float) -> list:
@@ -126,7 +128,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     g = run.add_argument_group("algorithm (replaces the default runs with a single run)")
     g.add_argument("--algorithm", help=" | ".join(sorted(REGISTRY)) + " (see `asyncfl algorithms`): one run of "
-                   "3,000 uploads (area, as_fedavg: 12,000) with the algorithm's usual protocol")
+                   f"{DEFAULT_ARRIVALS:,} uploads (area, as_fedavg: {AREA_DEFAULT_ARRIVALS:,}) with the "
+                   "algorithm's usual protocol")
     g.add_argument("--preset", help="a paper's selected setting, e.g. asyncfeded/femnist/fedasync_hinge: algorithm, "
                    "options, hyper-parameters, protocol and local training (see `asyncfl presets`); other options "
                    "override it")
@@ -199,7 +202,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         raw["local"].update(chosen.pop("local"))
         raw["data"].update(chosen.pop("data"))
         raw["model"].update(chosen.pop("model"))
-        raw["runs"] = [{**chosen, "arrivals": 3000}]
+        raw["runs"] = [{**chosen, "arrivals": DEFAULT_ARRIVALS}]
     put("data.name", args.dataset)
     put("data.path", args.data_dir)
     put("data.num_clients", args.num_clients)
@@ -242,7 +245,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         raw["delays"] = {"noise": args.noise, **{k: v for k, v in raw["delays"].items() if not k.startswith("noise")}}
 
     if args.algorithm is not None:
-        run: dict[str, Any] = {"algorithm": args.algorithm, "options": {}, "hparams": {}, "arrivals": 3000,
+        run: dict[str, Any] = {"algorithm": args.algorithm, "options": {}, "hparams": {}, "arrivals": DEFAULT_ARRIVALS,
                                "protocol": {"name": "synchronous" if args.algorithm == "fedavg" else "concurrent",
                                             "concurrency": 20, "buffer_size": 10, "refill": "boundary"}}
         if args.algorithm == "fedavg":  # rounds of 20 sampled clients: as many training at once as FedBuff's Mc

@@ -44,13 +44,13 @@ def test_every_algorithm_has_a_grid_holding_its_default():
 def test_area_and_as_fedavg_default_to_more_uploads(name):
     """Their model is the mean of all n memories, so the command gives them 12,000 uploads (docs/defaults.md); the
     sweep keeps the command's number unless told otherwise, and --arrivals still overrides it."""
-    from asyncfl_jax.cli import AREA_DEFAULT_ARRIVALS, config_from_argv
+    from asyncfl_jax.cli import AREA_DEFAULT_ARRIVALS, DEFAULT_ARRIVALS, config_from_argv
 
     assert AREA_DEFAULT_ARRIVALS == 12_000
     assert config_from_argv(["--algorithm", name]).runs[0].arrivals == AREA_DEFAULT_ARRIVALS
     assert defaults.sweep_config(name, None, [0]).runs[0].arrivals == AREA_DEFAULT_ARRIVALS
     assert config_from_argv(["--algorithm", name, "--arrivals", "500"]).runs[0].arrivals == 500
-    assert config_from_argv(["--algorithm", "fedbuff"]).runs[0].arrivals == 3000
+    assert config_from_argv(["--algorithm", "fedbuff"]).runs[0].arrivals == DEFAULT_ARRIVALS == 3000
 
 
 def test_a_tiny_sweep_reports_each_point_apart():
