@@ -58,6 +58,7 @@ def build_schedule(protocol: str, n: int, T: int, delays: DelayModel, seed: int,
     table = job_durations_table(n, delays, seed)
     availability = Availability.of(n, delays, seed)
     info = schedule_info(protocol, n, T, delays, seed, **options, **availability.info())
+    fast = fast and availability.windows is None  # the vectorized paths know no availability windows
     if fast and isinstance(refill, Rounds):
         if availability.always:
             return synchronous_fast(n, T, n if refill.participants is None else refill.participants, table, seed,

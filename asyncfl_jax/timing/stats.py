@@ -58,8 +58,8 @@ def num_suspensions(schedule: Schedule) -> int:
     suspension stream of ``info["seed"]`` and ``info["delays"]``; uploads of dropped clients at or after the dropout
     time do not count, they leave instead). 0 when ``suspension_prob`` is 0 or the schedule does not say."""
     info = schedule.info
-    if "delays" not in info or "seed" not in info:
-        return 0
+    if "delays" not in info or "seed" not in info or info["delays"].get("kind") == "device_trace":
+        return 0  # (device traces have no suspensions)
     delays = DelayModel.from_dict(info["delays"])
     if not delays.has_suspensions:
         return 0
