@@ -6,10 +6,10 @@ availability) and :mod:`asyncfl_jax.timing.protocols` maps every protocol and op
 Events. The loop keeps a heap of ``(time, kind, client, job)``. Kinds, in the order they are handled at equal times:
 
 0. the dropout (``Availability.dropout_time``);
-1. a result arrives (ties: by client id; after a zero-length job the same client may be dispatched and arrive again
+1. a client goes offline at the end of an availability window (device traces; by client id): it leaves the idle
+   pool, a job still in flight is discarded, but a result that arrives at that very instant is kept;
+2. a result arrives (ties: by client id; after a zero-length job the same client may be dispatched and arrive again
    at the same instant: it is then ordered again by its id). A client never has two jobs in flight;
-2. a client goes offline at the end of an availability window (device traces; by client id): a result that arrives
-   at that instant is kept, a job still in flight is discarded;
 3. a client returns from a suspension, or comes online at the start of an availability window (by client id);
 4. the server acts: a tick of a :class:`~asyncfl_jax.timing.policies.Clock`, or the start of a
    :class:`~asyncfl_jax.timing.policies.Rounds` round.
@@ -43,7 +43,7 @@ from asyncfl_jax.timing.policies import (Aggregation, AllInFlight, Availability,
 from asyncfl_jax.timing.schedule import Schedule
 from asyncfl_jax.timing.streams import ClientSequences, base_width, timing_rng
 
-DROPOUT, ARRIVAL, OFFLINE, RETURN, SERVER = 0, 1, 2, 3, 4
+DROPOUT, OFFLINE, ARRIVAL, RETURN, SERVER = 0, 1, 2, 3, 4
 UNIFORM_BLOCK = 1 << 16  # uniforms drawn per rng call for the refill's client choices
 
 
@@ -278,7 +278,7 @@ class _EventLoop:
         self.uploads[c] = u + 1
         if self.is_dropped[c] and time >= self.availability.dropout_time:
             return
-        if time >= self.window_end[c]:  # uploaded as its window ends: it goes offline now (its OFFLINE event)
+        if time >= self.window_end[c]:  # uploaded as its window ends (its OFFLINE event came first): stays offline
             return
         length = math.nan
         if self.suspensions is not None:
@@ -307,34 +307,40 @@ class _EventLoop:
             heapq.heappush(self.heap, (time, SERVER, -1, -1))
 
     def go_offline(self, c: int, time: float) -> tuple[int, bool]:
-        """Client ``c``'s availability window ends at ``time``: it leaves the idle pool, or its job in flight (which
-        would arrive later) is discarded, as at a dropout; it comes back at the start of its next window. Returns the
-        change in the jobs the refill owes and whether that ended the current round."""
-        pool = self.pool
-        discarded = False
-        if c in pool:
-            i = pool.index(c)
-            last = pool.pop()
-            if i < len(pool):
-                pool[i] = last
-        else:
-            for k, e in enumerate(self.heap):
-                if e[1] == ARRIVAL and e[2] == c:
-                    if e[0] > time:
-                        discarded = True
-                        self.discarded_slots.append(self.log.job_slot[e[3]])
-                        self.heap[k] = self.heap[-1]
-                        self.heap.pop()
-                        heapq.heapify(self.heap)
-                    break
-        start = self.windows.advance(c)[0]
-        self.window_end[c] = math.inf
-        if start < math.inf:
-            heapq.heappush(self.heap, (start, RETURN, c, -1))
+        """Client ``c``'s availability window ends at ``time``, and so do those of the clients whose OFFLINE events
+        are next at the same instant (all handled before anyone is dispatched): each leaves the idle pool, or its job
+        in flight (which would arrive later) is discarded, as at a dropout; it comes back at the start of its next
+        window. Returns the change in the jobs the refill owes and whether that ended the current round."""
+        heap, pool = self.heap, self.pool
+        discarded = 0
+        while True:
+            if c in pool:
+                i = pool.index(c)
+                last = pool.pop()
+                if i < len(pool):
+                    pool[i] = last
+            else:
+                for k, e in enumerate(heap):
+                    if e[1] == ARRIVAL and e[2] == c:
+                        if e[0] > time:
+                            discarded += 1
+                            self.discarded_slots.append(self.log.job_slot[e[3]])
+                            heap[k] = heap[-1]
+                            heap.pop()
+                            heapq.heapify(heap)
+                        break
+            start = self.windows.advance(c)[0]
+            self.window_end[c] = time  # offline: a result arriving at this instant is kept, it does not rejoin the pool
+            if start < math.inf:
+                heapq.heappush(heap, (start, RETURN, c, -1))
+            if heap and heap[0][0] == time and heap[0][1] == OFFLINE:
+                c = heapq.heappop(heap)[2]
+                continue
+            break
         if self.rounds:
-            self.round_left -= int(discarded)
-            return 0, discarded and self.round_left == 0
-        return int(discarded), False
+            self.round_left -= discarded
+            return 0, discarded > 0 and self.round_left == 0
+        return discarded, False
 
     def dropout(self, time: float) -> tuple[int, bool]:
         """The dropped clients leave at ``time``. Returns the change in the jobs the refill owes (the discarded jobs,

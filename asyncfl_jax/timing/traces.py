@@ -598,25 +598,35 @@ def is_trace_config(delays: Any) -> bool:
     return isinstance(delays, Mapping) and any(k in delays for k in TRACE_KEYS)
 
 
-def trace_from_config(delays: Mapping[str, Any]) -> DeviceTrace:
-    """The :class:`DeviceTrace` of a configuration's ``delays`` dict: ``{"device_trace": FILE}`` or
-    ``{"fedscale_capacity": FILE, "fedscale_behavior": FILE}`` (behaviour optional), plus ``model_mb``. Raises
+def check_trace_config(delays: Mapping[str, Any]) -> dict[str, str]:
+    """The trace files a configuration's ``delays`` dict names (``{"device_trace": FILE}`` or ``{"fedscale_capacity":
+    FILE, "fedscale_behavior": FILE}``, behaviour optional, plus ``model_mb``), checked without reading them. Raises
     ``ValueError`` naming the key for any other key or combination."""
     unknown = [k for k in delays if k not in CONFIG_KEYS]
     if unknown:
         raise ValueError(f"delays.{unknown[0]} cannot be combined with device traces (the trace gives every job's "
-                         f"duration); allowed keys with a trace are {list(CONFIG_KEYS)}")
+                         f"duration, so it would be ignored); allowed keys with a trace are {list(CONFIG_KEYS)}")
+    config_model_mb(delays, 0)
     if "device_trace" in delays:
         both = [k for k in ("fedscale_capacity", "fedscale_behavior") if k in delays]
         if both:
             raise ValueError(f"delays.device_trace cannot be combined with delays.{both[0]}: give one trace format")
-        return load_device_trace(_path(delays["device_trace"], "delays.device_trace"))
+        return {"device_trace": _path(delays["device_trace"], "delays.device_trace")}
     if "fedscale_capacity" not in delays:
         raise ValueError("delays.fedscale_behavior needs delays.fedscale_capacity (the devices' speeds); give both "
                          "FedScale files")
-    behavior = delays.get("fedscale_behavior")
-    return load_fedscale_traces(_path(delays["fedscale_capacity"], "delays.fedscale_capacity"),
-                                None if behavior is None else _path(behavior, "delays.fedscale_behavior"))
+    files = {"fedscale_capacity": _path(delays["fedscale_capacity"], "delays.fedscale_capacity")}
+    if delays.get("fedscale_behavior") is not None:
+        files["fedscale_behavior"] = _path(delays["fedscale_behavior"], "delays.fedscale_behavior")
+    return files
+
+
+def trace_from_config(delays: Mapping[str, Any]) -> DeviceTrace:
+    """The :class:`DeviceTrace` a configuration's ``delays`` dict names (see :func:`check_trace_config`)."""
+    files = check_trace_config(delays)
+    if "device_trace" in files:
+        return load_device_trace(files["device_trace"])
+    return load_fedscale_traces(files["fedscale_capacity"], files.get("fedscale_behavior"))
 
 
 def _path(value: Any, key: str) -> str:
@@ -648,5 +658,5 @@ def iter_windows(windows: Windows, until: float) -> Iterator[tuple[float, float]
 
 
 __all__ = ["ClientWindows", "DeviceTrace", "TraceDelays", "TraceDurations", "TraceError", "Windows",
-           "assign_devices", "config_model_mb", "is_trace_config", "iter_windows", "load_device_trace",
+           "assign_devices", "check_trace_config", "config_model_mb", "is_trace_config", "iter_windows", "load_device_trace",
            "load_fedscale_traces", "read_plain_pickle", "trace_from_config"]
