@@ -257,6 +257,8 @@ BAD_JSON = [
     ({"devices": [{"seconds_per_step": 1, "upload_mb_per_s": 1, "download_mb_per_s": 1, "cpu": 2}]},
      r"unknown field 'cpu'; allowed fields are"),
     ({"device": []}, "an object with a list 'devices'"),
+    ({"period": 5, "devices": [{"seconds_per_step": 1, "upload_mb_per_s": 1, "download_mb_per_s": 1}]},
+     "field 'period' would be ignored"),
 ]
 
 

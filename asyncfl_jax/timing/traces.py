@@ -409,6 +409,8 @@ def _devices_from_rows(rows: list[dict[str, Any]], path: str, default_period: An
         raise TraceError(f"device trace {name!r}: all devices must give 'seconds_per_step', or all "
                          "'seconds_per_example', not a mix")
     unit = units.pop()
+    if default_period is not None and not any(row.get("availability") not in (None, "") for row in rows):
+        raise TraceError(f"device trace {name!r}: field 'period' would be ignored: no device has 'availability'")
     availability = None if all(w.is_always for w in windows) else tuple(windows)
     return DeviceTrace(np.asarray(compute), unit, np.asarray(up), np.asarray(down), availability, True,
                        {"format": "asyncfl_jax", "file": name, "sha256": _digest(path)})
