@@ -454,6 +454,10 @@ def _check_device_trace(cfg: ExperimentConfig, check_files: bool) -> None:
     if trace is not None and trace.unit == "example" and cfg.local.batch_size is None:
         _fail("local.batch_size", None, "a device trace in seconds per example needs the examples per local step: "
               "give local.batch_size")
+    if cfg.runs and all(isinstance(run, RunConfig) and run.schedule_files is not None for run in cfg.runs):
+        key = next(k for k in ("device_trace", "fedscale_capacity", "fedscale_behavior") if k in cfg.delays)
+        _fail(f"delays.{key}", cfg.delays[key], "would be ignored: every run replays its schedule_files (a recorded "
+              "schedule already holds the trace's timing); remove the trace or the schedule files")
     for i, run in enumerate(cfg.runs):
         if isinstance(run.protocol, ProtocolConfig) and run.protocol.name == "event_clock":
             _fail(f"runs[{i}].protocol.name", "event_clock", "the in-scan event clock does not read device traces; "

@@ -31,9 +31,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from asyncfl_jax.timing.delays import DelayModel, JobDurations, Suspensions
+from asyncfl_jax.timing.seeds import TIMING_TAG, timing_rng
 from asyncfl_jax.timing.traces import TraceDelays, TraceDurations
 
-TIMING_TAG = 0x7157
 FORMAT = "asyncfl_jax.timing/1"  # the ``info["rng"]`` of every schedule: the version of these streams
 BASE_JOBS = 32  # at most this many jobs per client are precomputed in one vectorized call
 EXTEND_JOBS = 64  # a client's table is extended by at least this many entries (or doubled) when it runs out
@@ -61,11 +61,6 @@ def check_common(num_clients: Any, num_steps: Any, delays: Any, seed: Any) -> tu
         delays = DelayModel.from_dict(delays)
     seed = check_int("seed", seed, 0)
     return n, T, delays, seed
-
-
-def timing_rng(seed: int, stream: int) -> np.random.Generator:
-    """The numpy generator of timing stream ``stream`` for ``seed`` (see the module docstring)."""
-    return np.random.default_rng([seed, TIMING_TAG, stream])
 
 
 def _stream_key(seed: int, stream: int) -> int:

@@ -42,6 +42,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from asyncfl_jax.timing.seeds import timing_rng
+
 TRACE_KEYS = ("device_trace", "fedscale_capacity", "fedscale_behavior")
 """Keys of a ``delays`` dict that make it a trace delay model (see :func:`is_trace_config`)."""
 CONFIG_KEYS = (*TRACE_KEYS, "model_mb")
@@ -187,8 +189,6 @@ def assign_devices(num_clients: int, num_devices: int, seed: int, stream: int = 
     ``D`` devices (``timing_rng(seed, stream).permutation(D)``, as many as ``ceil(n / D)``), the first ``n`` entries.
     So clients get distinct devices when ``n <= D``, and each device serves ``floor(n / D)`` or ``ceil(n / D)``
     clients otherwise."""
-    from asyncfl_jax.timing.streams import timing_rng
-
     rng = timing_rng(seed, stream)
     rounds = -(-num_clients // num_devices)
     return np.concatenate([rng.permutation(num_devices) for _ in range(rounds)])[:num_clients].astype(np.int64)
