@@ -95,6 +95,7 @@ class Rounds:
         return np.zeros(0, dtype=np.int64)
 
     def initial_among(self, online: np.ndarray, n: int, seed: int) -> np.ndarray:
+        """No initial jobs, whoever is online (device traces): round 0 samples from the clients on at time 0."""
         return np.zeros(0, dtype=np.int64)
 
     def target(self, live: int) -> int:
