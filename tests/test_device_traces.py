@@ -110,6 +110,10 @@ def test_restricted_unpickler_refuses_classes(tmp_path):
     path = write_pickle(tmp_path, {1: {"computation": datetime.date(2020, 1, 1), "communication": 1.0}}, "evil")
     with pytest.raises(TraceError, match=r"'evil' is not a plain pickle.*refused to load datetime\.date"):
         load_fedscale_traces(path)
+    text = tmp_path / "cap.csv"
+    text.write_text("name,computation\n")
+    with pytest.raises(TraceError, match=r"'cap\.csv' cannot be read as a pickle.*--device-trace"):
+        load_fedscale_traces(str(text))
     # numpy scalars are numbers: allowed
     ok = write_pickle(tmp_path, {1: {"computation": np.float64(2.0), "communication": np.float32(8.0)}}, "np")
     assert load_fedscale_traces(ok).compute[0] == pytest.approx(0.006)

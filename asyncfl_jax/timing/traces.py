@@ -489,7 +489,10 @@ def read_plain_pickle(path: str | os.PathLike, what: str) -> Any:
     try:
         return _PlainUnpickler(io.BytesIO(data)).load()
     except pickle.UnpicklingError as e:
-        raise TraceError(f"{what} {name!r} is not a plain pickle of dicts and numbers: {e}") from None
+        if str(e).startswith("refused to load"):
+            raise TraceError(f"{what} {name!r} is not a plain pickle of dicts and numbers: {e}") from None
+        raise TraceError(f"{what} {name!r} cannot be read as a pickle ({e}); FedScale's trace files are pickles, "
+                         "a CSV or JSON trace of your own goes to --device-trace (delays.device_trace)") from None
     except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, ImportError,
             UnicodeDecodeError, OverflowError, MemoryError) as e:
         raise TraceError(f"{what} {name!r} cannot be read as a pickle: {type(e).__name__}: {e}") from None
