@@ -60,6 +60,7 @@ class EventLog:
         ``t`` holds jobs ``dispatch_ends[t-1] .. dispatch_ends[t] - 1``, after the initial ones).
       step_times: per step: the time it was applied.
       num_slots: pending slots used.
+      discard_times: per job discarded when its client went offline (device traces), the time it was discarded.
     """
 
     num_initial: int
@@ -72,6 +73,7 @@ class EventLog:
     arrival_ends: list[int] | np.ndarray
     step_times: list[float]
     num_slots: int
+    discard_times: list[float] = dataclasses.field(default_factory=list)
 
 
 class _EventLoop:
@@ -325,6 +327,7 @@ class _EventLoop:
                         if e[0] > time:
                             discarded += 1
                             self.discarded_slots.append(self.log.job_slot[e[3]])
+                            self.log.discard_times.append(time)
                             heap[k] = heap[-1]
                             heap.pop()
                             heapq.heapify(heap)

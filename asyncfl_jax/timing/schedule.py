@@ -217,7 +217,8 @@ class Schedule:
         written again before it is read only if it holds a job of a dropped client (``info["dropped_clients"]``) that
         never arrives, by a job of a later dispatch row started at or after ``info["dropout_time"]``, or, in a
         schedule from device traces with availability windows (``info["offline_discards"]``), a job discarded when
-        its client went offline, by a job of a later dispatch row.
+        its client went offline (``info["offline_discards"]`` lists the times of such discards), by a job of a later
+        dispatch row.
         """
         T, M = self.arrival_clients.shape
         n, S = self.num_clients, self.num_slots

@@ -271,13 +271,12 @@ class TraceDelays:
                 "examples_per_step": self.examples_per_step, "model_mb": float(self.model_mb)}
 
     def schedule_info(self, num_clients: int, seed: int) -> dict[str, Any]:
-        """Entries of a schedule's ``info``: the client -> device mapping and that discarded jobs are possible."""
+        """Entries of a schedule's ``info``: the client -> device mapping (the event loop adds
+        ``offline_discards``, the times at which jobs were discarded because their client went offline)."""
         info: dict[str, Any] = {"trace_devices": self.devices(num_clients, seed).tolist()}
         avail = self.availability_devices(num_clients, seed)
-        if avail is not None:
-            if not self.trace.joint:
-                info["trace_availability_devices"] = avail.tolist()
-            info["offline_discards"] = True
+        if avail is not None and not self.trace.joint:
+            info["trace_availability_devices"] = avail.tolist()
         return info
 
 
