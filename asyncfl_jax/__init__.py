@@ -48,6 +48,7 @@ from asyncfl_jax.results import History, load_results, plot_accuracy, write_resu
 from asyncfl_jax.task import Task, TaskArrays, make_task, task_arrays
 from asyncfl_jax.timing import DelayModel, Schedule, make_schedule, schedule_summary
 from asyncfl_jax.timing.clock import EventClock
+from asyncfl_jax.timing.traces import TraceDelays, load_device_trace, load_fedscale_traces
 
 __version__ = "0.1.0"
 
@@ -66,6 +67,7 @@ __all__ = [
     "SimulationOutput",
     "Task",
     "TaskArrays",
+    "TraceDelays",
     "algorithms",
     "asgd",
     "asyncfeded",
@@ -78,6 +80,8 @@ __all__ = [
     "fedavg",
     "fedbuff",
     "get_algorithm",
+    "load_device_trace",
+    "load_fedscale_traces",
     "load_results",
     "losses",
     "make_local_update",

@@ -151,6 +151,15 @@ def _build_parser() -> argparse.ArgumentParser:
     g = run.add_argument_group("timing and replicas")
     g.add_argument("--speed", help="per-client speed distribution: constant | uniform | lognormal | exponential | normal")
     g.add_argument("--noise", help="per-job noise: none | exponential | half_normal | lognormal | uniform")
+    g.add_argument("--device-trace", metavar="FILE",
+                   help="time the jobs with per-device traces (.csv or .json: compute seconds per step or per "
+                        "example, upload/download MB/s, availability windows) instead of --speed/--noise; see "
+                        "docs/simulator.md, \"Device traces\"")
+    g.add_argument("--device-capacity", metavar="FILE",
+                   help="FedScale's client_device_capacity pickle (compute and bandwidth per device), downloaded by "
+                        "you; read without running code")
+    g.add_argument("--device-behavior", metavar="FILE",
+                   help="FedScale's client_behave_trace pickle (on/off availability); needs --device-capacity")
     g.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2")
     g.add_argument("--eval-every", type=int, help="evaluate every this many server steps")
     g.add_argument("--shard-jobs", action="store_true",
@@ -239,6 +248,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         raw["shard_replicas"] = True
     if args.shard_clients:
         raw["shard_clients"] = True
+    _put_device_trace(raw, args)
     if args.speed is not None:
         raw["delays"] = {"speed": args.speed, **{k: v for k, v in raw["delays"].items() if not k.startswith("speed")}}
     if args.noise is not None:
@@ -305,6 +315,40 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     return ExperimentConfig.from_dict(raw)
 
 
+def _put_device_trace(raw: dict[str, Any], args: argparse.Namespace) -> None:
+    """``--device-trace`` / ``--device-capacity`` [``--device-behavior``]: the ``delays`` section names the files;
+    options the trace would ignore are refused."""
+    chosen = {flag: value for flag, value in (("--device-trace", args.device_trace),
+                                              ("--device-capacity", args.device_capacity),
+                                              ("--device-behavior", args.device_behavior)) if value is not None}
+    if not chosen:
+        return
+    if args.device_trace is not None and len(chosen) > 1:
+        other = next(f for f in chosen if f != "--device-trace")
+        raise ConfigError(f"--device-trace cannot be combined with {other}: give your own trace file or FedScale's "
+                          "files, not both")
+    if args.device_behavior is not None and args.device_capacity is None:
+        raise ConfigError("--device-behavior needs --device-capacity (FedScale's device speeds)")
+    for flag, value in (("--speed", args.speed), ("--noise", args.noise)):
+        if value is not None:
+            raise ConfigError(f"{flag} cannot be combined with {next(iter(chosen))}: the trace gives every job's "
+                              "duration, so it would be ignored")
+    from asyncfl_jax.timing.traces import is_trace_config
+
+    delays = raw.get("delays")
+    if args.config and isinstance(delays, dict) and not is_trace_config(delays) \
+            and delays != ExperimentConfig().delays:
+        raise ConfigError(f"{next(iter(chosen))} would ignore the delays section of {args.config}; remove it from "
+                          "the file or leave out the flag")
+    kept = {"model_mb": delays["model_mb"]} if isinstance(delays, dict) and "model_mb" in delays else {}
+    if args.device_trace is not None:
+        raw["delays"] = {"device_trace": args.device_trace, **kept}
+    else:
+        raw["delays"] = {"fedscale_capacity": args.device_capacity, **kept}
+        if args.device_behavior is not None:
+            raw["delays"]["fedscale_behavior"] = args.device_behavior
+
+
 def config_from_argv(argv: Sequence[str]) -> ExperimentConfig:
     """The configuration ``asyncfl run ARGV...`` would run (not validated), e.g.
     ``config_from_argv(["--algorithm", "ace", "--hparam", "server_lr=0.002,0.005"])``."""
@@ -332,7 +376,8 @@ _CONFIG_OPTIONS = ("config", "set", "dataset", "data_dir", "num_clients", "parti
                    "local_steps", "batch_size", "lr", "algorithm", "option", "staleness", "normalization", "hparam",
                    "protocol", "concurrency", "buffer_size", "refill", "participants", "steps", "arrivals", "speed",
                    "noise", "seeds", "eval_every", "shard_jobs", "shard_replicas", "shard_clients", "preset",
-                   "lookahead", "replica_batch", "precision", "trajectory")
+                   "lookahead", "replica_batch", "precision", "trajectory", "device_trace", "device_capacity",
+                   "device_behavior")
 
 
 def _resumed_config(args: argparse.Namespace) -> ExperimentConfig:

@@ -19,6 +19,7 @@ from asyncfl_jax.algorithms import REGISTRY, get_algorithm
 from asyncfl_jax.errors import InputError
 from asyncfl_jax.precision import PRECISIONS
 from asyncfl_jax.timing.delays import DelayModel
+from asyncfl_jax.timing.traces import check_trace_config, is_trace_config, trace_from_config
 
 TFDS_DATASETS = ("tfds/mnist", "tfds/fashion_mnist", "tfds/emnist", "tfds/cifar10", "tfds/cifar100")
 LEAF_DATASETS = ("leaf/femnist", "leaf/shakespeare")  # natural clients: writers / speaking roles
@@ -405,9 +406,12 @@ def resolve(cfg: ExperimentConfig) -> ExperimentConfig:
     overrides them; delay-adaptive ASGD's ``tau_c`` defaults to the run's concurrency). Resolving a resolved
     configuration changes nothing. ``cfg`` must be valid (:func:`validate`)."""
     raw = cfg.to_dict()
-    raw["delays"] = {**dataclasses.asdict(cfg.delay_model())}
-    if raw["delays"]["dropout_time"] == math.inf:  # JSON has no inf: "never" is the default, written as null
-        raw["delays"]["dropout_time"] = None
+    if is_trace_config(cfg.delays):  # device traces: the file names (and model_mb) are the whole description
+        raw["delays"] = {**cfg.delays, "model_mb": cfg.delays.get("model_mb")}
+    else:
+        raw["delays"] = {**dataclasses.asdict(cfg.delay_model())}
+        if raw["delays"]["dropout_time"] == math.inf:  # JSON has no inf: "never" is the default, written as null
+            raw["delays"]["dropout_time"] = None
     for run, entry in zip(cfg.runs, raw["runs"]):
         algorithm = get_algorithm(run.algorithm, **run.options)
         entry["options"] = dict(algorithm.options)
@@ -434,6 +438,30 @@ def run_concurrency(run: RunConfig, num_clients: int) -> int:
     if p.name == "synchronous" and p.participants is not None:
         return p.participants
     return num_clients
+
+
+def _check_device_trace(cfg: ExperimentConfig, check_files: bool) -> None:
+    """A ``delays`` section naming device traces (:mod:`asyncfl_jax.timing.traces`): its keys, the files (read when
+    ``check_files``), and the settings a trace cannot time (the event clock, epochs, full batch per example)."""
+    try:
+        check_trace_config(cfg.delays)
+        trace = trace_from_config(cfg.delays) if check_files else None
+    except ValueError as e:
+        raise ConfigError(f"invalid device trace: {e}") from None
+    if cfg.local.epochs is not None:
+        _fail("local.epochs", cfg.local.epochs, "cannot be used with device traces (a job's local steps would differ "
+              "per client); give local.steps")
+    if trace is not None and trace.unit == "example" and cfg.local.batch_size is None:
+        _fail("local.batch_size", None, "a device trace in seconds per example needs the examples per local step: "
+              "give local.batch_size")
+    if cfg.runs and all(isinstance(run, RunConfig) and run.schedule_files is not None for run in cfg.runs):
+        key = next(k for k in ("device_trace", "fedscale_capacity", "fedscale_behavior") if k in cfg.delays)
+        _fail(f"delays.{key}", cfg.delays[key], "would be ignored: every run replays its schedule_files (a recorded "
+              "schedule already holds the trace's timing); remove the trace or the schedule files")
+    for i, run in enumerate(cfg.runs):
+        if isinstance(run.protocol, ProtocolConfig) and run.protocol.name == "event_clock":
+            _fail(f"runs[{i}].protocol.name", "event_clock", "the in-scan event clock does not read device traces; "
+                  "use all_active, concurrent or synchronous")
 
 
 def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
@@ -524,10 +552,13 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     check_hparam("local.momentum", "momentum", loc.momentum)
     check_hparam("local.weight_decay", "weight_decay", loc.weight_decay)
 
-    try:
-        cfg.delay_model().validate()
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    if is_trace_config(cfg.delays):
+        _check_device_trace(cfg, check_files)
+    else:
+        try:
+            cfg.delay_model().validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if not isinstance(cfg.seeds, list) or not cfg.seeds:
         _fail("seeds", cfg.seeds, f"must be a non-empty list of integers in [0, {MAX_SEED}]")
     for s in cfg.seeds:

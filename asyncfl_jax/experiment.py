@@ -6,7 +6,7 @@ Each step is a public function so the same experiment is a few calls from Python
     validate(cfg)
     task = build_task(cfg)
     for run in cfg.runs:
-        schedules = build_schedules(cfg, run)      # one per seed (timing has its own RNG stream)
+        schedules = build_schedules(cfg, run, task)  # one per seed (timing has its own RNG stream)
         history = run_experiment(cfg, run, task, schedules)
 
 :func:`run_config` does all of it and writes the results; with ``write=True`` it checkpoints every run into
@@ -52,6 +52,7 @@ from asyncfl_jax.task import Task, make_task
 from asyncfl_jax.timing.clock import EventClock
 from asyncfl_jax.timing.protocols import make_schedule
 from asyncfl_jax.timing.schedule import Schedule
+from asyncfl_jax.timing.traces import TraceDelays, config_model_mb, is_trace_config, trace_from_config
 
 logger = logging.getLogger(__name__)
 
@@ -114,9 +115,11 @@ def build_task(cfg: ExperimentConfig) -> Task:
                           ) from None
 
 
-def build_schedules(cfg: ExperimentConfig, run: RunConfig) -> list[Schedule] | list[EventClock]:
+def build_schedules(cfg: ExperimentConfig, run: RunConfig,
+                    task: Task | None = None) -> list[Schedule] | list[EventClock]:
     """One schedule per seed: the timing seed of replica seed ``s`` is ``s``; or the recorded ``schedule_files``; or,
-    for the protocol "event_clock", one :class:`~asyncfl_jax.timing.clock.EventClock` per seed."""
+    for the protocol "event_clock", one :class:`~asyncfl_jax.timing.clock.EventClock` per seed. With device traces
+    (``delays.device_trace`` or ``delays.fedscale_capacity``) the model's size defaults to ``task``'s float32 size."""
     p = run.protocol
     n = cfg.data.num_clients
     if run.schedule_files is not None:
@@ -125,11 +128,27 @@ def build_schedules(cfg: ExperimentConfig, run: RunConfig) -> list[Schedule] | l
             return _same_widths(recorded)
         steps = [run.steps if run.steps is not None else max(1, run.arrivals // s.buffer_width) for s in recorded]
         return _same_widths([s.truncate(min(k, s.num_steps)) for s, k in zip(recorded, steps)])
-    delays = cfg.delay_model()
+    delays = trace_delays(cfg, task) if is_trace_config(cfg.delays) else cfg.delay_model()
     if p.name == "event_clock":  # the events are decided during the run
         return [EventClock(n, run.num_steps(n), delays, seed) for seed in cfg.seeds]
     options = p.schedule_options()
     return _same_widths([make_schedule(p.name, n, run.num_steps(n), delays, seed, **options) for seed in cfg.seeds])
+
+
+def trace_delays(cfg: ExperimentConfig, task: Task | None) -> TraceDelays:
+    """The :class:`~asyncfl_jax.timing.traces.TraceDelays` of a configuration naming device traces: jobs of
+    ``local.steps`` steps of ``local.batch_size`` examples, a model of ``delays.model_mb`` MB (default: the task's
+    float32 size, ``4 * num_params / 10^6``)."""
+    if cfg.delays.get("model_mb") is None and task is None:
+        raise ConfigError("device traces need the model's size: give delays.model_mb, or pass the task to "
+                          "build_schedules(cfg, run, task)")
+    try:
+        trace = trace_from_config(cfg.delays)
+        model_mb = config_model_mb(cfg.delays, 0 if task is None else task.num_params)
+        return TraceDelays(trace, cfg.local.steps, model_mb,
+                           cfg.local.batch_size if trace.unit == "example" else None)
+    except ValueError as e:
+        raise ConfigError(f"invalid device trace: {e}") from None
 
 
 def _same_widths(schedules: list[Schedule]) -> list[Schedule]:
@@ -517,7 +536,7 @@ def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress:
     config = cfg.to_dict()
     environment = {**environment_info(), **invocation_info()} if files else None
     task = build_task(cfg)
-    schedules_of = {0: build_schedules(cfg, cfg.runs[0])}  # the first run's schedule files are read before writing
+    schedules_of = {0: build_schedules(cfg, cfg.runs[0], task)}  # the first run's schedule files are read before writing
     manifest = None
     if files:
         manifest = _start_writing(cfg, decision, config)
@@ -531,7 +550,7 @@ def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress:
             raise
     histories = []
     for i, run in enumerate(cfg.runs):
-        schedules = schedules_of.pop(i) if i in schedules_of else build_schedules(cfg, run)
+        schedules = schedules_of.pop(i) if i in schedules_of else build_schedules(cfg, run, task)
         if files and run.protocol.name != "event_clock":  # the exact schedules, to replay the run (schedule_files)
             save_schedules(cfg, run, schedules, manifest)
         folder = None

@@ -37,6 +37,7 @@ from asyncfl_jax.timing.padding import pad_to_common_widths
 from asyncfl_jax.timing.rates import PoissonRates, client_rates, draw_rates, poisson_delays, rates_info
 from asyncfl_jax.timing.rounds import wait_rounds
 from asyncfl_jax.timing.window import window_schedule
+from asyncfl_jax.timing.traces import DeviceTrace, TraceDelays, load_device_trace, load_fedscale_traces
 
 __all__ = [
     "AGGREGATIONS",
@@ -77,4 +78,8 @@ __all__ = [
     "steps_within",
     "wait_rounds",
     "window_schedule",
+    "DeviceTrace",
+    "TraceDelays",
+    "load_device_trace",
+    "load_fedscale_traces",
 ]

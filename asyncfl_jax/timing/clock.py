@@ -101,6 +101,10 @@ class EventClock:
 
     def __post_init__(self) -> None:
         n, T, delays, seed = check_common(self.num_clients, self.num_steps, self.delays, self.seed)
+        if not isinstance(delays, DelayModel):
+            raise ValueError("the in-scan event clock does not read device traces (its durations scale with a "
+                             "state-dependent number of local steps); use a pre-sampled protocol (all_active, "
+                             "concurrent, synchronous) with device traces")
         object.__setattr__(self, "num_clients", n)
         object.__setattr__(self, "num_steps", T)
         object.__setattr__(self, "delays", delays)

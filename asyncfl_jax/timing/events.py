@@ -6,10 +6,12 @@ availability) and :mod:`asyncfl_jax.timing.protocols` maps every protocol and op
 Events. The loop keeps a heap of ``(time, kind, client, job)``. Kinds, in the order they are handled at equal times:
 
 0. the dropout (``Availability.dropout_time``);
-1. a result arrives (ties: by client id; after a zero-length job the same client may be dispatched and arrive again
+1. a client goes offline at the end of an availability window (device traces; by client id): it leaves the idle
+   pool, a job still in flight is discarded, but a result that arrives at that very instant is kept;
+2. a result arrives (ties: by client id; after a zero-length job the same client may be dispatched and arrive again
    at the same instant: it is then ordered again by its id). A client never has two jobs in flight;
-2. a client returns from a suspension (by client id);
-3. the server acts: a tick of a :class:`~asyncfl_jax.timing.policies.Clock`, or the start of a
+3. a client returns from a suspension, or comes online at the start of an availability window (by client id);
+4. the server acts: a tick of a :class:`~asyncfl_jax.timing.policies.Clock`, or the start of a
    :class:`~asyncfl_jax.timing.policies.Rounds` round.
 
 So a job dispatched at a tick's time starts from the model before that tick, an arrival at a tick's time belongs to
@@ -41,7 +43,7 @@ from asyncfl_jax.timing.policies import (Aggregation, AllInFlight, Availability,
 from asyncfl_jax.timing.schedule import Schedule
 from asyncfl_jax.timing.streams import ClientSequences, base_width, timing_rng
 
-DROPOUT, ARRIVAL, RETURN, SERVER = 0, 1, 2, 3
+DROPOUT, OFFLINE, ARRIVAL, RETURN, SERVER = 0, 1, 2, 3, 4
 UNIFORM_BLOCK = 1 << 16  # uniforms drawn per rng call for the refill's client choices
 
 
@@ -58,6 +60,7 @@ class EventLog:
         ``t`` holds jobs ``dispatch_ends[t-1] .. dispatch_ends[t] - 1``, after the initial ones).
       step_times: per step: the time it was applied.
       num_slots: pending slots used.
+      discard_times: per job discarded when its client went offline (device traces), the time it was discarded.
     """
 
     num_initial: int
@@ -70,6 +73,7 @@ class EventLog:
     arrival_ends: list[int] | np.ndarray
     step_times: list[float]
     num_slots: int
+    discard_times: list[float] = dataclasses.field(default_factory=list)
 
 
 class _EventLoop:
@@ -83,7 +87,11 @@ class _EventLoop:
                  availability: Availability) -> None:
         _check_policies(refill, aggregation)
         self.T, self.refill, self.aggregation, self.availability = T, refill, aggregation, availability
-        init = refill.initial_clients(n, seed)
+        windows = availability.windows
+        online = None if windows is None else np.asarray([c for c in range(n) if windows.current(c)[0] <= 0.0],
+                                                         dtype=np.int64)
+        init = refill.initial_clients(n, seed) if online is None else refill.initial_among(online, n, seed)
+        self.initial_owed = 0 if online is None else refill.target(n) - len(init)  # clients offline at time 0
         width = base_width(n, _expected_jobs(n, T, refill, aggregation))
         susp = availability.suspensions
         self.suspensions = ClientSequences(susp.block, n, width) if susp is not None else None
@@ -94,7 +102,11 @@ class _EventLoop:
         self.uploads = [0] * n
         busy = np.zeros(n, dtype=bool)
         busy[init] = True
+        if online is not None:
+            busy[np.setdiff1d(np.arange(n), online)] = True  # offline: not in the pool until their window starts
         self.pool: list[int] = np.flatnonzero(~busy).tolist()  # idle clients, in an order only determinism relies on
+        self.windows = windows
+        self.window_end = [math.inf] * n  # end of each client's current window (device traces)
         self.choice_rng = timing_rng(seed, 3)
         self.ticks = aggregation.ticks(seed) if isinstance(aggregation, Clock) else None
         self.waiting = False  # a round found nobody available: start it when a client returns
@@ -112,6 +124,15 @@ class _EventLoop:
             self.heap.append((self.ticks(0), SERVER, -1, -1))
         if self.rounds:
             self.heap.append((0.0, SERVER, -1, -1))
+        if windows is not None:
+            for c in range(n):
+                start, end = windows.current(c)
+                if start <= 0.0:
+                    self.window_end[c] = end
+                    if end < math.inf:
+                        self.heap.append((end, OFFLINE, c, -1))
+                elif start < math.inf:
+                    self.heap.append((start, RETURN, c, -1))
         heapq.heapify(self.heap)
         self.burst_time, self.burst, self.burst_limit = math.nan, 0, 8 * n + 1000
 
@@ -129,7 +150,8 @@ class _EventLoop:
         replaces = 1 if isinstance(self.refill, Immediate) else 0  # an arrival is owed a job at once
         owed_at_close = size if isinstance(self.refill, Boundary) else 0  # ... or when its step is applied
         always, arrival = self.availability.always, ARRIVAL
-        t = m = owed = 0  # steps applied; arrivals of step t (Count); jobs the refill owes
+        t = m = 0  # steps applied; arrivals of step t (Count)
+        owed = self.initial_owed  # jobs the refill owes
         while True:  # not `while heap`: CPython 3.11 only specializes a running loop at unconditional back-jumps
             try:
                 time, kind, c, j = heap[0]
@@ -163,6 +185,9 @@ class _EventLoop:
                         closes = True
                 elif kind == RETURN:
                     self.give_back(c, time)
+                elif kind == OFFLINE:
+                    owed_change, closes = self.go_offline(c, time)
+                    owed += owed_change
                 else:
                     owed_change, closes = self.dropout(time)
                     owed += owed_change
@@ -230,7 +255,16 @@ class _EventLoop:
         return False
 
     def stuck_error(self) -> ValueError:
-        """The error when no event is left before ``T`` steps (boundary refill with too few live clients)."""
+        """The error when no event is left before ``T`` steps (boundary refill with too few live clients, or device
+        traces whose availability has ended)."""
+        if self.windows is not None:
+            last = max(self.log.step_times, default=0.0)
+            return ValueError(
+                f"cannot complete num_steps={self.T} (stopped after {len(self.log.step_times)} steps, at virtual time "
+                f"{last:g}): the device traces leave no client that is available and can finish a job (their "
+                "availability windows end and do not repeat, or every window is shorter than the job). Give the "
+                "trace a period, longer windows, or ask for fewer steps"
+            )
         return ValueError(
             f"cannot complete num_steps={self.T} (stopped after {len(self.log.step_times)} steps): after the dropout "
             f"at time {self.availability.dropout_time:g} only {self.live} live client(s) remain, fewer than "
@@ -246,6 +280,8 @@ class _EventLoop:
         self.uploads[c] = u + 1
         if self.is_dropped[c] and time >= self.availability.dropout_time:
             return
+        if time >= self.window_end[c]:  # uploaded as its window ends (its OFFLINE event came first): stays offline
+            return
         length = math.nan
         if self.suspensions is not None:
             lst = self.suspensions.lists[c]
@@ -258,13 +294,56 @@ class _EventLoop:
             self.pool.append(c)
 
     def give_back(self, c: int, time: float) -> None:
-        """Client ``c``'s suspension ends at ``time``: it rejoins the idle pool unless it has left meanwhile."""
+        """Client ``c``'s suspension ends, or its availability window starts, at ``time``: it rejoins the idle pool
+        unless it has left meanwhile."""
         if self.is_dropped[c] and time >= self.availability.dropout_time:
             return
+        if self.windows is not None:
+            end = self.windows.current(c)[1]
+            self.window_end[c] = end
+            if end < math.inf:
+                heapq.heappush(self.heap, (end, OFFLINE, c, -1))
         self.pool.append(c)
         if self.waiting:
             self.waiting = False
             heapq.heappush(self.heap, (time, SERVER, -1, -1))
+
+    def go_offline(self, c: int, time: float) -> tuple[int, bool]:
+        """Client ``c``'s availability window ends at ``time``, and so do those of the clients whose OFFLINE events
+        are next at the same instant (all handled before anyone is dispatched): each leaves the idle pool, or its job
+        in flight (which would arrive later) is discarded, as at a dropout; it comes back at the start of its next
+        window. Returns the change in the jobs the refill owes and whether that ended the current round."""
+        heap, pool = self.heap, self.pool
+        discarded = 0
+        while True:
+            if c in pool:
+                i = pool.index(c)
+                last = pool.pop()
+                if i < len(pool):
+                    pool[i] = last
+            else:
+                for k, e in enumerate(heap):
+                    if e[1] == ARRIVAL and e[2] == c:
+                        if e[0] > time:
+                            discarded += 1
+                            self.discarded_slots.append(self.log.job_slot[e[3]])
+                            self.log.discard_times.append(time)
+                            heap[k] = heap[-1]
+                            heap.pop()
+                            heapq.heapify(heap)
+                        break
+            start = self.windows.advance(c)[0]
+            self.window_end[c] = time  # offline: a result arriving at this instant is kept, it does not rejoin the pool
+            if start < math.inf:
+                heapq.heappush(heap, (start, RETURN, c, -1))
+            if heap and heap[0][0] == time and heap[0][1] == OFFLINE:
+                c = heapq.heappop(heap)[2]
+                continue
+            break
+        if self.rounds:
+            self.round_left -= discarded
+            return 0, discarded > 0 and self.round_left == 0
+        return discarded, False
 
     def dropout(self, time: float) -> tuple[int, bool]:
         """The dropped clients leave at ``time``. Returns the change in the jobs the refill owes (the discarded jobs,

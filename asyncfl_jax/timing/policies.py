@@ -25,6 +25,7 @@ import numpy as np
 
 from asyncfl_jax.timing.delays import DelayModel, Suspensions
 from asyncfl_jax.timing.streams import dropout_info, suspension_table, timing_rng
+from asyncfl_jax.timing.traces import ClientWindows, TraceDelays
 
 CLOCK_BLOCK = 1024  # Poisson inter-step gaps drawn per rng call
 
@@ -50,6 +51,14 @@ class KeepInFlight:
         if self.concurrency == n:
             return np.arange(n, dtype=np.int64)
         return np.sort(timing_rng(seed, 2).choice(n, size=self.concurrency, replace=False).astype(np.int64))
+
+    def initial_among(self, online: np.ndarray, n: int, seed: int) -> np.ndarray:
+        """int64, sorted: the initial clients when only ``online`` (sorted) are available at time 0 (device traces):
+        ``min(concurrency, len(online))`` of them drawn as :meth:`initial_clients` draws from all ``n`` (the same
+        clients when all are online)."""
+        if self.concurrency >= online.size:
+            return online
+        return np.sort(online[timing_rng(seed, 2).choice(online.size, size=self.concurrency, replace=False)])
 
     def target(self, live: int) -> int:
         """Jobs to keep in flight while ``live`` clients have not dropped out."""
@@ -83,6 +92,10 @@ class Rounds:
 
     def initial_clients(self, n: int, seed: int) -> np.ndarray:
         """No initial jobs: round 0 is dispatched at time 0 from ``x_0`` (``dispatch_clients[0]``)."""
+        return np.zeros(0, dtype=np.int64)
+
+    def initial_among(self, online: np.ndarray, n: int, seed: int) -> np.ndarray:
+        """No initial jobs, whoever is online (device traces): round 0 samples from the clients on at time 0."""
         return np.zeros(0, dtype=np.int64)
 
     def target(self, live: int) -> int:
@@ -166,15 +179,21 @@ class Availability:
       never returns, and one whose result arrives at the dropout time itself uploads it and leaves.
     * after client ``i``'s ``u``-th upload it is suspended for ``suspensions.lengths(i, u)`` (``nan``: not
       suspended); it rejoins the idle pool when that time has passed (if it has not left meanwhile).
+    * ``windows`` (device traces, :mod:`asyncfl_jax.timing.traces`): client ``i`` is on during its windows
+      ``[start, end)`` only. It is dispatched only while on; at ``end`` an idle one leaves the pool and a job of one
+      that would finish after ``end`` is discarded (as at a dropout); it rejoins the pool at its next ``start``.
     """
 
     dropped: tuple[int, ...] = ()
     dropout_time: float = math.inf
     suspensions: Suspensions | None = None
+    windows: ClientWindows | None = None
 
     @classmethod
-    def of(cls, n: int, delays: DelayModel, seed: int) -> "Availability":
+    def of(cls, n: int, delays: DelayModel | TraceDelays, seed: int) -> "Availability":
         """The availability that ``delays`` gives ``n`` clients with timing seed ``seed``."""
+        if isinstance(delays, TraceDelays):
+            return cls(windows=delays.client_windows(n, seed))
         dropped, time, _ = dropout_info(n, delays, seed)
         suspensions = suspension_table(n, delays, seed) if delays.has_suspensions else None
         return cls(tuple(dropped), time, suspensions)
@@ -188,4 +207,4 @@ class Availability:
     @property
     def always(self) -> bool:
         """Whether every client is always available (no dropout, no suspension)."""
-        return not self.dropped and self.suspensions is None
+        return not self.dropped and self.suspensions is None and self.windows is None

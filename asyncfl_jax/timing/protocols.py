@@ -58,6 +58,7 @@ def build_schedule(protocol: str, n: int, T: int, delays: DelayModel, seed: int,
     table = job_durations_table(n, delays, seed)
     availability = Availability.of(n, delays, seed)
     info = schedule_info(protocol, n, T, delays, seed, **options, **availability.info())
+    fast = fast and availability.windows is None  # the vectorized paths know no availability windows
     if fast and isinstance(refill, Rounds):
         if availability.always:
             return synchronous_fast(n, T, n if refill.participants is None else refill.participants, table, seed,
@@ -66,6 +67,8 @@ def build_schedule(protocol: str, n: int, T: int, delays: DelayModel, seed: int,
     if fast and availability.always and refill.concurrency == n and aggregation == Count(1):
         return all_active_fast(n, T, table, info)  # either refill: the only idle client is the one that arrived
     log = simulate_events(n, T, table, seed, refill, aggregation, availability)
+    if availability.windows is not None:  # device traces: when jobs were lost (Schedule.validate, the statistics)
+        info["offline_discards"] = list(log.discard_times)
     return to_schedule(log, n, aggregation, info)
 
 

@@ -215,7 +215,10 @@ class Schedule:
         result arrives after its job started (no negative duration) and by its step's time; every arrival reads a
         slot whose last write was a job of the same client and version that has not been read yet. A slot may be
         written again before it is read only if it holds a job of a dropped client (``info["dropped_clients"]``) that
-        never arrives, by a job of a later dispatch row started at or after ``info["dropout_time"]``.
+        never arrives, by a job of a later dispatch row started at or after ``info["dropout_time"]``, or, in a
+        schedule from device traces with availability windows (``info["offline_discards"]``), a job discarded when
+        its client went offline (``info["offline_discards"]`` lists the times of such discards), by a job of a later
+        dispatch row.
         """
         T, M = self.arrival_clients.shape
         n, S = self.num_clients, self.num_slots
@@ -247,6 +250,7 @@ class Schedule:
         started: dict[int, float] = {}  # slot -> start time of the job it holds
         dropped = set(int(c) for c in self.info.get("dropped_clients", ()))
         dropout_time = float(self.info.get("dropout_time", np.inf))
+        offline_discards = bool(self.info.get("offline_discards", False))
 
         def start(where: str, client: int, slot: int, version: int, when: float) -> None:
             if not 0 <= slot < S:
@@ -256,7 +260,9 @@ class Schedule:
                                  f"{float(self.init_time)} (or not a number)")
             if slot in holder:
                 held_by, held_version = holder[slot]
-                if not (held_by in dropped and held_version < version and when >= dropout_time):
+                discarded = held_version < version and (offline_discards
+                                                        or (held_by in dropped and when >= dropout_time))
+                if not discarded:
                     raise ValueError(f"{where}: slot {slot} is still held by client {held_by}")
             holder[slot] = (client, version)
             started[slot] = when

@@ -37,11 +37,16 @@ def _dropout(schedule: Schedule) -> tuple[list[int], float | None]:
 
 def _dispatch_and_arrival_times(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
     """Sorted start times of all jobs (initial + dispatched) and sorted end times: the arrival times of all applied
-    results, plus the dropout time for each job of a dropped client that never arrives (it is discarded then)."""
+    results, plus the dropout time for each job of a dropped client that never arrives (it is discarded then), plus
+    the times at which device traces discarded jobs of clients that went offline (``info["offline_discards"]``, up to
+    the last step; a job discarded later was still in flight)."""
     init = np.full(int(np.count_nonzero(schedule.init_clients >= 0)), float(schedule.init_time))
     dispatched = schedule.dispatch_times[schedule.dispatch_clients >= 0]
     starts = np.sort(np.concatenate([init, dispatched.astype(np.float64)]))
     arrivals = schedule.arrival_times[schedule.arrival_mask].astype(np.float64)
+    discards = np.asarray(schedule.info.get("offline_discards") or [], dtype=np.float64)
+    if discards.size and schedule.num_steps:
+        arrivals = np.concatenate([arrivals, discards[discards <= schedule.step_times[-1]]])
     dropped, dropout_time = _dropout(schedule)
     if dropped:
         n = schedule.num_clients
@@ -58,8 +63,8 @@ def num_suspensions(schedule: Schedule) -> int:
     suspension stream of ``info["seed"]`` and ``info["delays"]``; uploads of dropped clients at or after the dropout
     time do not count, they leave instead). 0 when ``suspension_prob`` is 0 or the schedule does not say."""
     info = schedule.info
-    if "delays" not in info or "seed" not in info:
-        return 0
+    if "delays" not in info or "seed" not in info or info["delays"].get("kind") == "device_trace":
+        return 0  # (device traces have no suspensions)
     delays = DelayModel.from_dict(info["delays"])
     if not delays.has_suspensions:
         return 0

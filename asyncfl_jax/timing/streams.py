@@ -15,7 +15,9 @@ host clock. Timing has its own streams, independent of any training randomness; 
    (:func:`dropped_clients`);
 6. suspensions: the coin and the length after client ``i``'s ``u``-th upload, a pure function of ``(seed, i, u)``
    (:func:`suspension_table`);
-7. Poisson server clock: inter-step gaps ``timing_rng(seed, 7).exponential(1 / rate)`` in blocks of 1024.
+7. Poisson server clock: inter-step gaps ``timing_rng(seed, 7).exponential(1 / rate)`` in blocks of 1024;
+8. device traces: the device of each client (:func:`asyncfl_jax.timing.traces.assign_devices`);
+9. device traces with a separate availability file (FedScale's): the availability device of each client.
 
 The event loop, the vectorized fast paths and the in-scan event clock (:mod:`asyncfl_jax.timing.clock`) all draw from
 these functions, which is what makes their schedules agree bit for bit.
@@ -29,8 +31,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from asyncfl_jax.timing.delays import DelayModel, JobDurations, Suspensions
+from asyncfl_jax.timing.seeds import TIMING_TAG, timing_rng
+from asyncfl_jax.timing.traces import TraceDelays, TraceDurations
 
-TIMING_TAG = 0x7157
 FORMAT = "asyncfl_jax.timing/1"  # the ``info["rng"]`` of every schedule: the version of these streams
 BASE_JOBS = 32  # at most this many jobs per client are precomputed in one vectorized call
 EXTEND_JOBS = 64  # a client's table is extended by at least this many entries (or doubled) when it runs out
@@ -51,18 +54,13 @@ def check_int(name: str, value: Any, low: int, high: int | None = None, high_nam
 
 def check_common(num_clients: Any, num_steps: Any, delays: Any, seed: Any) -> tuple[int, int, DelayModel, int]:
     """Validates the arguments every protocol takes; returns ``(n, T, delays, seed)`` with ``delays`` a
-    :class:`DelayModel` (a dict is converted)."""
+    :class:`DelayModel` (a dict is converted) or a :class:`~asyncfl_jax.timing.traces.TraceDelays`."""
     n = check_int("num_clients", num_clients, 1)
     T = check_int("num_steps", num_steps, 1)
-    if not isinstance(delays, DelayModel):
+    if not isinstance(delays, (DelayModel, TraceDelays)):
         delays = DelayModel.from_dict(delays)
     seed = check_int("seed", seed, 0)
     return n, T, delays, seed
-
-
-def timing_rng(seed: int, stream: int) -> np.random.Generator:
-    """The numpy generator of timing stream ``stream`` for ``seed`` (see the module docstring)."""
-    return np.random.default_rng([seed, TIMING_TAG, stream])
 
 
 def _stream_key(seed: int, stream: int) -> int:
@@ -72,6 +70,9 @@ def _stream_key(seed: int, stream: int) -> int:
 def client_speeds(num_clients: int, delays: DelayModel | Mapping[str, Any], seed: int) -> np.ndarray:
     """float64 [n]: the speed factors ``s_i`` every protocol uses for ``(delays, seed)``."""
     n, _, delays, seed = check_common(num_clients, 1, delays, seed)
+    if isinstance(delays, TraceDelays):
+        raise ValueError("device traces have no speed factors: every job of client i takes "
+                         "job_durations_table(n, delays, seed).per_client[i]")
     return delays.sample_speeds(timing_rng(seed, 1), n)
 
 
@@ -79,6 +80,8 @@ def job_durations_table(num_clients: int, delays: DelayModel | Mapping[str, Any]
     """The :class:`JobDurations` every protocol uses for ``(delays, seed)``: ``.durations(i, k)`` is the duration of
     client ``i``'s ``k``-th job."""
     n, _, delays, seed = check_common(num_clients, 1, delays, seed)
+    if isinstance(delays, TraceDelays):
+        return TraceDurations(delays.client_durations(n, seed))
     return JobDurations(delays, _stream_key(seed, 4), client_speeds(n, delays, seed))
 
 
@@ -108,9 +111,11 @@ def dropout_info(n: int, delays: DelayModel, seed: int) -> tuple[list[int], floa
 
 
 def schedule_info(protocol: str, n: int, T: int, delays: DelayModel, seed: int, **extra: Any) -> dict[str, Any]:
-    """The ``info`` dict of a schedule: protocol, sizes, seed, delay model, the protocol's options, stream version."""
+    """The ``info`` dict of a schedule: protocol, sizes, seed, delay model, the protocol's options, stream version
+    (and, with device traces, the client -> device mapping)."""
+    traced = delays.schedule_info(n, seed) if isinstance(delays, TraceDelays) else {}
     return {"protocol": protocol, "num_clients": n, "num_steps": T, "seed": seed, "delays": delays.to_dict(),
-            **extra, "rng": FORMAT}
+            **extra, **traced, "rng": FORMAT}
 
 
 def base_width(n: int, jobs: int) -> int:
