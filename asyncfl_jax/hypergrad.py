@@ -251,7 +251,7 @@ def make_objective(task: Task, algorithm: Algorithm, schedule: Schedule, local: 
     check_optimizer_hparams(local, replicas)
     if local.use_momentum is False and (resolved["momentum"] != 0 or "momentum" in names):
         local = dataclasses.replace(local, use_momentum=True)
-    num_steps = schedule.num_steps
+    num_steps = check_count("the schedule's number of server steps", schedule.num_steps)
     eval_every = num_steps if eval_every is None else check_count("eval_every", eval_every)
     remat = math.isqrt(num_steps - 1) + 1 if remat_steps is None else check_count("remat_steps", remat_steps)
     metric_of = _objective_of_metrics(objective, task)
