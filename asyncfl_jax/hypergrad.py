@@ -103,6 +103,7 @@ class HyperGradient:
     mode: str
     check: GradientCheck | None = None
     stderr: dict[str, float] | None = None
+    notes: tuple[str, ...] = ()  # what the gradient means for this run's non-smooth pieces (:func:`kink_notes`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +149,22 @@ def check_differentiable(algorithm: Algorithm, schedule: Any) -> None:
         raise ValueError(f"{algorithm.name}: a {kind} cache rounds the cached values (stochastic or nearest rounding), "
                          f"whose derivative is zero almost everywhere; JAX would differentiate through it as if it "
                          f"were the identity. Use cache='float32', or mode='smoothed'")
+
+
+def kink_notes(algorithm: Algorithm) -> tuple[str, ...]:
+    """What the exact gradient means for the non-smooth pieces of ``algorithm`` (empty when it is smooth)."""
+    options, notes = dict(algorithm.options), []
+    if options.get("staleness") == "hinge":
+        notes.append("hinge staleness: s(tau) has a kink at tau = b; the derivative is that of the piece each "
+                     "arrival is on (d/d staleness_b is 0 for tau <= b), the true derivative except where b is an "
+                     "observed staleness value")
+    if algorithm.jobs.steps is not None and options.get("adaptive_steps", True):
+        notes.append(f"{algorithm.name}: the per-job local step counts are integers (floor and clip of a rule); "
+                     f"the gradient holds them at their values in this run, and the objective jumps where one "
+                     f"changes (the finite-difference check flags a jump inside its step)")
+    if options.get("discard_above") is not None:
+        notes.append(f"{algorithm.name}: discard_above is a threshold; a result crossing it makes the objective jump")
+    return tuple(notes)
 
 
 def _check_wrt(wrt: Sequence[str] | str, known: Mapping[str, float]) -> tuple[str, ...]:
@@ -336,7 +353,7 @@ def hypergradient(task: Task, algorithm: Algorithm, schedule: Schedule, local: L
         if diverged >= 0:
             raise _diverged(obj, diverged)
         result = HyperGradient(value, dict(zip(obj.names, map(float, grad))), dict(zip(obj.names, map(float,
-                               obj.point))), mode)
+                               obj.point))), mode, notes=kink_notes(algorithm))
         if check == "off":
             return result
         step = check_step if check_step is not None else (1e-3 if obj.precision == "float64" else 1e-2)

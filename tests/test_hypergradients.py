@@ -13,14 +13,14 @@ import asyncfl_jax as afl
 from asyncfl_jax.algorithms import ace, ca2fl, compressed, fedasync, fedbuff, asyncfeded, mf_ca2fl
 from asyncfl_jax.algorithms.asyncfeded import safe_norm
 from asyncfl_jax.client import LocalConfig, make_local_update
-from asyncfl_jax.hypergrad import UnreliableGradientError, hypergradient, make_objective
+from asyncfl_jax.hypergrad import UnreliableGradientError, hypergradient, kink_notes, make_objective
 from asyncfl_jax.timing import make_schedule
 from tests.support import TOY_DELAYS, toy_problem
 
 NUM_CLIENTS = 5
 TASK, _, _ = toy_problem(NUM_CLIENTS, seed=3)
 LOCAL = LocalConfig(steps=3, batch_size=None)
-SCHEDULE = make_schedule("concurrent", NUM_CLIENTS, 10, TOY_DELAYS, seed=2, concurrency=4, buffer_size=2,
+SCHEDULE = make_schedule("concurrent", NUM_CLIENTS, 9, TOY_DELAYS, seed=2, concurrency=4, buffer_size=2,
                          refill="boundary")
 STEP = 1e-5  # relative step of the central differences (float64)
 
@@ -62,6 +62,7 @@ def test_asyncfeded_differentiates_in_both_modes():
     reverse = hypergradient(TASK, algorithm, SCHEDULE, LOCAL, hparams, wrt=wrt, mode="reverse", check_rtol=1e-6)
     forward = hypergradient(TASK, algorithm, SCHEDULE, LOCAL, hparams, wrt=wrt, mode="forward", check="off")
     assert reverse.check.agrees
+    assert any("integers" in note for note in reverse.notes)  # what the gradient means for the integer K_i
     for name in wrt:
         assert np.isfinite(forward.grad[name])
         assert forward.grad[name] == pytest.approx(reverse.grad[name], rel=1e-10)
@@ -116,6 +117,12 @@ def test_a_piecewise_constant_objective_is_flagged_not_returned():
 def test_no_meaningful_gradient_is_refused_before_compiling(algorithm, match):
     with pytest.raises(ValueError, match=match):
         hypergradient(TASK, algorithm, SCHEDULE, LOCAL, wrt="server_lr")
+
+
+def test_the_result_says_what_the_gradient_means_at_kinks():
+    assert any("kink at tau = b" in note for note in kink_notes(fedasync("hinge")))
+    assert kink_notes(fedasync("polynomial")) == () and kink_notes(fedbuff()) == ()
+    assert len(kink_notes(asyncfeded(discard_above=5.0))) == 2
 
 
 def test_bad_arguments_are_refused_before_compiling():
