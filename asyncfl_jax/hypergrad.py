@@ -352,6 +352,11 @@ def hypergradient(task: Task, algorithm: Algorithm, schedule: Schedule, local: L
         value, grad, diverged = _exact(obj, theta, mode)
         if diverged >= 0:
             raise _diverged(obj, diverged)
+        if not np.all(np.isfinite(grad)):
+            raise UnreliableGradientError(
+                f"the exact hyper-gradient is not finite: {dict(zip(obj.names, map(float, grad)))} (J = {value:.6g} "
+                f"is finite): a rule of the run has no derivative at this point (a division by 0 or a square root "
+                f"at 0 in a branch); use mode='smoothed', or move the point")
         result = HyperGradient(value, dict(zip(obj.names, map(float, grad))), dict(zip(obj.names, map(float,
                                obj.point))), mode, notes=kink_notes(algorithm))
         if check == "off":

@@ -76,6 +76,25 @@ def test_safe_norm_has_the_same_values_and_a_derivative_at_zero():
     np.testing.assert_array_equal(jax.grad(safe_norm)(zero), 0.0)
 
 
+def test_hinge_staleness_has_a_finite_derivative_with_the_same_values():
+    """With b = 0.5 and a = 2 the unused branch 1 / (a (tau - b) + 1) divides by 0 at tau = 0: its inf made the
+    derivative NaN. The values are those of the formula."""
+    from asyncfl_jax.algorithms.staleness import hinge
+
+    tau = jnp.arange(10)
+    def total(a, b):
+        return jnp.sum(hinge(tau, {"staleness_a": a, "staleness_b": b}))
+
+    da, db = jax.grad(total, argnums=(0, 1))(jnp.float32(2.0), jnp.float32(0.5))
+    expected_da = -sum((t - 0.5) / (2.0 * (t - 0.5) + 1) ** 2 for t in range(1, 10))
+    assert da == pytest.approx(expected_da, rel=1e-5) and np.isfinite(db)
+    for a, b in ((10.0, 4.0), (2.0, 0.5), (0.3, 7.2)):
+        t = np.arange(10, dtype=np.float32)
+        formula = np.where(t <= b, 1.0, 1.0 / (np.float32(a) * (t - np.float32(b)) + 1.0))
+        np.testing.assert_array_equal(hinge(tau, {"staleness_a": jnp.float32(a), "staleness_b": jnp.float32(b)}),
+                                      formula.astype(np.float32))
+
+
 def test_masked_local_steps_give_the_loop_results_exactly():
     """The per-job step count as a masked loop of max_steps steps (reverse-differentiable) equals the loop with a
     traced trip count bit for bit."""
@@ -160,6 +179,13 @@ def test_a_user_staleness_function_is_an_argument_and_its_parameter_has_a_gradie
     np.testing.assert_allclose(new.x, [0.5 * (1 - alpha_2), alpha_2], rtol=1e-6)
     result = hypergradient(TASK, algorithm, SCHEDULE, LOCAL, {"client_lr": 0.1}, wrt="rate", check_rtol=1e-6)
     assert result.check.agrees and abs(result.grad["rate"]) > 1e-5
+
+
+def test_a_gradient_that_is_not_finite_is_refused():
+    """sqrt(c tau) has no derivative in c at tau = 0 (a fresh arrival): NaN is refused with what it means."""
+    algorithm = fedasync(lambda tau, p: 1.0 / (1.0 + jnp.sqrt(p["c"] * tau)), {"c": 1.0})
+    with pytest.raises(UnreliableGradientError, match="not finite"):
+        hypergradient(TASK, algorithm, SCHEDULE, LOCAL, {"client_lr": 0.1}, wrt="c", check="off")
 
 
 def test_a_user_staleness_function_is_checked_when_the_algorithm_is_built():

@@ -42,7 +42,11 @@ def polynomial(tau: jax.Array, hp: Mapping[str, jax.Array]) -> jax.Array:
 def hinge(tau: jax.Array, hp: Mapping[str, jax.Array]) -> jax.Array:
     tau = tau.astype(float_dtype(*hp.values()))
     a, b = hp["staleness_a"], hp["staleness_b"]
-    return jnp.where(tau <= b, 1.0, 1.0 / (a * (tau - b) + 1.0))
+    over = ~(tau <= b)
+    # the unused branch's denominator is kept away from 0 (a (tau - b) + 1 = 0 for some tau <= b), else its inf
+    # would turn the derivative into NaN (the double-where idiom); the values are unchanged
+    denominator = jnp.where(over, a * (tau - b) + 1.0, 1.0)
+    return jnp.where(over, 1.0 / denominator, 1.0)
 
 
 def inverse_sqrt(tau: jax.Array, hp: Mapping[str, jax.Array]) -> jax.Array:
