@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import asyncfl_jax as afl
-from asyncfl_jax.algorithms import ace, ca2fl, compressed, fedasync, fedbuff, asyncfeded, mf_ca2fl
+from asyncfl_jax.algorithms import ace, asyncfeded, ca2fl, compressed, fedasync, fedbuff, mf_ca2fl
 from asyncfl_jax.algorithms.asyncfeded import safe_norm
 from asyncfl_jax.client import LocalConfig, make_local_update
 from asyncfl_jax.hypergrad import UnreliableGradientError, hypergradient, kink_notes, make_objective
 from asyncfl_jax.timing import make_schedule
-from tests.support import TOY_DELAYS, toy_problem
+from support import TOY_DELAYS, toy_problem
 
 NUM_CLIENTS = 5
 TASK, _, _ = toy_problem(NUM_CLIENTS, seed=3)
