@@ -213,6 +213,9 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
     config.validate()
     if output not in ("delta", "gradient"):
         raise ValueError(f"output must be 'delta' or 'gradient', got {output!r}")
+    if differentiable_steps and max_steps is None:
+        raise ValueError("differentiable_steps applies to a per-job number of local steps (max_steps); without it the "
+                         "loop has a fixed trip count and is differentiable as it is")
     if max_steps is not None:
         if output != "delta" or config.epochs is not None:
             raise ValueError("a per-job number of local steps needs output='delta' and local.epochs unset")
