@@ -34,6 +34,7 @@ from asyncfl_jax.algorithms import (Algorithm, ServerMeta, asgd, asyncfeded, ca2
                                     get_algorithm, with_server_optimizer)
 from asyncfl_jax.client import LocalConfig, make_local_update
 from asyncfl_jax.compile_cache import enable_compile_cache
+from asyncfl_jax.hypergrad import HyperGradient, UnreliableGradientError, hypergradient, make_objective
 from asyncfl_jax.engine import (
     ScheduleArrays,
     SimulationOutput,
@@ -58,6 +59,7 @@ __all__ = [
     "DelayModel",
     "EventClock",
     "History",
+    "HyperGradient",
     "LocalConfig",
     "Loss",
     "Model",
@@ -68,6 +70,7 @@ __all__ = [
     "Task",
     "TaskArrays",
     "TraceDelays",
+    "UnreliableGradientError",
     "algorithms",
     "asgd",
     "asyncfeded",
@@ -80,12 +83,14 @@ __all__ = [
     "fedavg",
     "fedbuff",
     "get_algorithm",
+    "hypergradient",
     "load_device_trace",
     "load_fedscale_traces",
     "load_results",
     "losses",
     "make_local_update",
     "make_model",
+    "make_objective",
     "make_schedule",
     "make_simulation",
     "make_task",

@@ -186,7 +186,8 @@ def _shuffled_order(key: jax.Array, count: jax.Array, size: int, needed: int) ->
 
 
 def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
-                      max_steps: int | None = None, loss: Loss | None = None) -> LocalFn:
+                      max_steps: int | None = None, loss: Loss | None = None,
+                      differentiable_steps: bool = False) -> LocalFn:
     """Returns ``local(x, client, key, hp, data, steps=None) -> result`` (a flat vector of length d).
 
     ``data`` (every client's :class:`ClientData`) is an argument rather than a constant of the function, so the
@@ -201,12 +202,20 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
         of ``config.steps``; minibatches are drawn as for a job of ``max_steps`` steps, so a job's first ``k`` steps
         do not depend on its length.
       loss: the loss to minimize (default: softmax cross-entropy, :data:`asyncfl_jax.losses.CLASSIFICATION`).
+      differentiable_steps: with ``max_steps``, run the per-job step count as ``max_steps`` steps of which the
+        steps ``k >= steps`` are masked (they leave the state unchanged) instead of a loop with a traced bound: the
+        same result, but reverse-mode differentiable (``jax.grad`` cannot go through a loop whose trip count is
+        traced), at the cost of ``max_steps`` gradient evaluations per job. Used by
+        :func:`asyncfl_jax.hypergrad.hypergradient`.
     """
     loss = CLASSIFICATION if loss is None else loss
     uses_dropout = model.train_apply is not None
     config.validate()
     if output not in ("delta", "gradient"):
         raise ValueError(f"output must be 'delta' or 'gradient', got {output!r}")
+    if differentiable_steps and max_steps is None:
+        raise ValueError("differentiable_steps applies to a per-job number of local steps (max_steps); without it the "
+                         "loop has a fixed trip count and is differentiable as it is")
     if max_steps is not None:
         if output != "delta" or config.epochs is not None:
             raise ValueError("a per-job number of local steps needs output='delta' and local.epochs unset")
@@ -258,7 +267,15 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
         if max_steps is not None:
             if steps is None:
                 raise ValueError("this local update takes a per-job number of steps")
-            y, _ = jax.lax.fori_loop(0, jnp.clip(steps, 1, max_steps), one_step, (x, opt.init(x)))
+            count_i = jnp.clip(steps, 1, max_steps)
+            if differentiable_steps:  # a static trip count (a scan): the steps past count_i keep the state
+
+                def counted_step(k, carry):
+                    return jax.tree_util.tree_map(lambda n, o: jnp.where(k < count_i, n, o), one_step(k, carry), carry)
+
+                y, _ = jax.lax.fori_loop(0, max_steps, counted_step, (x, opt.init(x)))
+            else:
+                y, _ = jax.lax.fori_loop(0, count_i, one_step, (x, opt.init(x)))
             return y - x
         y, _ = jax.lax.fori_loop(0, config.steps, body, (x, opt.init(x)))
         return y - x

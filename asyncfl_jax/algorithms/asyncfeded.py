@@ -61,10 +61,21 @@ class AsyncFedEDState(NamedTuple):
     last_gamma: jax.Array  # float32 [n]
 
 
+def safe_norm(v: jax.Array) -> jax.Array:
+    """``||v||_2``, the same value as ``jnp.linalg.norm(v)``, with derivative 0 at ``v = 0`` (``sqrt`` has none
+    there: ``jnp.linalg.norm`` gives NaN tangents and cotangents at 0). The double ``where`` keeps the NaN out of
+    the unused branch's derivative."""
+    squares = jnp.sum(v * v)
+    nonzero = squares > 0
+    return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, squares, 1.0)), 0.0)
+
+
 def euclidean_staleness(x: jax.Array, start: jax.Array, delta: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(gamma, ||Delta||)`` with ``gamma = ||x - start|| / max(||Delta||, 1e-12)`` (Eq. 6)."""
-    delta_norm = jnp.linalg.norm(delta)
-    return jnp.linalg.norm(x - start) / jnp.maximum(delta_norm, TINY_NORM), delta_norm
+    """``(gamma, ||Delta||)`` with ``gamma = ||x - start|| / max(||Delta||, 1e-12)`` (Eq. 6). ``x = start`` (no
+    server step while the job trained, ``tau = 0``) is the usual case, so the norms are :func:`safe_norm` (a
+    hyper-gradient through the run stays finite)."""
+    delta_norm = safe_norm(delta)
+    return safe_norm(x - start) / jnp.maximum(delta_norm, TINY_NORM), delta_norm
 
 
 def next_local_steps(steps: jax.Array, gamma: jax.Array, hp: HParams, min_steps: int, max_steps: int,

@@ -24,6 +24,8 @@ average of the buffered deltas:
 
 from __future__ import annotations
 
+from typing import Any, Callable, Mapping
+
 import jax.numpy as jnp
 
 from asyncfl_jax.algorithms import staleness as staleness_lib
@@ -35,21 +37,26 @@ from asyncfl_jax.algorithms.base import (
     masked_weighted_sum,
     model_only_algorithm,
 )
+from asyncfl_jax.client import LOCAL_HPARAMS
 
 NORMALIZATIONS = ("buffer", "weights", "none")
 
 
-def fedbuff(staleness: str = "constant", normalization: str = "buffer") -> Algorithm:
+def fedbuff(staleness: str | Callable[..., Any] = "constant", normalization: str = "buffer",
+            staleness_params: Mapping[str, float] | None = None) -> Algorithm:
     """FedBuff: average the M buffered deltas (optionally staleness-weighted) and take a server step.
 
     Args:
       staleness: weighting ``w(tau)``: "constant" (default) or "inverse_sqrt" (FedBuff paper), or any name in
-        :data:`asyncfl_jax.algorithms.staleness.STALENESS_FUNCTIONS`.
+        :data:`asyncfl_jax.algorithms.staleness.STALENESS_FUNCTIONS`, or a user's function ``fn(tau, params) ->
+        weights`` (:func:`asyncfl_jax.algorithms.staleness.resolve`).
       normalization: "buffer" (divide by the number of arrivals, default), "weights" (by the sum of weights) or
         "none" (sum).
+      staleness_params: the hyper-parameters of a user's staleness function, ``{name: default}``.
     Hyper-parameters: ``server_lr`` (eta_g, default 1.0), and those of the staleness function.
     """
-    weight_fn = staleness_lib.get(staleness)
+    rule = staleness_lib.resolve(staleness, staleness_params, reserved=("server_lr", *LOCAL_HPARAMS))
+    weight_fn = rule.weights
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"fedbuff normalization must be one of {list(NORMALIZATIONS)}, got {normalization!r}")
 
@@ -67,8 +74,8 @@ def fedbuff(staleness: str = "constant", normalization: str = "buffer") -> Algor
     return model_only_algorithm(
         "fedbuff",
         server,
-        hyperparams={"server_lr": 1.0, **staleness_lib.STALENESS_HPARAMS[staleness]},
-        options={"staleness": staleness, "normalization": normalization},
+        hyperparams={"server_lr": 1.0, **rule.hparams},
+        options={"staleness": rule.label, "normalization": normalization},
     )
 
 

@@ -11,6 +11,8 @@ arrivals (buffer > 1) they are mixed in one at a time, in arrival order; each us
 
 from __future__ import annotations
 
+from typing import Any, Callable, Mapping
+
 import jax
 import jax.numpy as jnp
 
@@ -22,6 +24,7 @@ from asyncfl_jax.algorithms.base import (
     ServerState,
     model_only_algorithm,
 )
+from asyncfl_jax.client import LOCAL_HPARAMS
 
 
 def upload_local_model(x_start: jax.Array, delta: jax.Array, client_state, hp: HParams):
@@ -30,12 +33,18 @@ def upload_local_model(x_start: jax.Array, delta: jax.Array, client_state, hp: H
     return x_start + delta, client_state
 
 
-def fedasync(staleness: str = "constant") -> Algorithm:
-    """FedAsync with staleness function ``staleness`` in {"constant", "polynomial", "hinge"} (or "inverse_sqrt").
+def fedasync(staleness: str | Callable[..., Any] = "constant",
+             staleness_params: Mapping[str, float] | None = None) -> Algorithm:
+    """FedAsync with staleness function ``staleness`` in {"constant", "polynomial", "hinge"} (or "inverse_sqrt"),
+    or a user's function ``fn(tau, params) -> weights`` whose hyper-parameters (names and defaults) are
+    ``staleness_params`` (:func:`asyncfl_jax.algorithms.staleness.resolve`), e.g.
+    ``fedasync(lambda tau, p: jnp.exp(-p["decay"] * tau), {"decay": 0.3})``.
 
-    Hyper-parameters: ``alpha`` (mixing weight, default 0.5), ``staleness_a``/``staleness_b`` for polynomial/hinge.
+    Hyper-parameters: ``alpha`` (mixing weight, default 0.5), ``staleness_a``/``staleness_b`` for polynomial/hinge,
+    or those of ``staleness_params``.
     """
-    weight_fn = staleness_lib.get(staleness)
+    rule = staleness_lib.resolve(staleness, staleness_params, reserved=("alpha", *LOCAL_HPARAMS))
+    weight_fn = rule.weights
 
     def server(state: ServerState, local_models: jax.Array, meta: ServerMeta, hp: HParams) -> ServerState:
         alphas = jnp.where(meta.mask, hp["alpha"] * weight_fn(meta.staleness, hp), 0.0)  # alpha_t = alpha s(tau)
@@ -50,8 +59,8 @@ def fedasync(staleness: str = "constant") -> Algorithm:
     return model_only_algorithm(
         "fedasync",
         server,
-        hyperparams={"alpha": 0.5, **staleness_lib.STALENESS_HPARAMS[staleness]},
+        hyperparams={"alpha": 0.5, **rule.hparams},
         client=upload_local_model,
-        options={"staleness": staleness},
+        options={"staleness": rule.label},
         upload="model",
     )

@@ -153,8 +153,10 @@ class Trainer:
 
 
 def make_trainer(task: Task, algorithm: Algorithm, local: LocalConfig,
-                 constrain: Callable[[jax.Array], jax.Array] | None = None) -> Trainer:
-    """The :class:`Trainer` of ``algorithm``'s jobs (with a per-job step count when its job policy sets one)."""
+                 constrain: Callable[[jax.Array], jax.Array] | None = None,
+                 differentiable_steps: bool = False) -> Trainer:
+    """The :class:`Trainer` of ``algorithm``'s jobs (with a per-job step count when its job policy sets one;
+    ``differentiable_steps``: that count as a masked loop of ``max_steps`` steps, see :func:`make_local_update`)."""
     policy = algorithm.jobs
     if algorithm.upload not in UPLOADS:
         raise ValueError(f"{algorithm.name}: upload must be one of {list(UPLOADS)}, got {algorithm.upload!r}")
@@ -164,7 +166,7 @@ def make_trainer(task: Task, algorithm: Algorithm, local: LocalConfig,
         raise ValueError(f"{algorithm.name}: its JobPolicy sets steps but not max_steps")
     else:
         local_fn = make_local_update(task.model, local, output=algorithm.local_output, max_steps=policy.max_steps,
-                                     loss=task.loss)
+                                     loss=task.loss, differentiable_steps=differentiable_steps)
     return Trainer(algorithm, local, local_fn, constrain or (lambda a: a))
 
 
