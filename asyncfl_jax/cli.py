@@ -60,6 +60,12 @@ def _parse_list(text: str, cast=float) -> list:
     return [cast(v) for v in text.split(",") if v.strip()]
 
 
+def _version() -> str:
+    from asyncfl_jax import __version__
+
+    return __version__
+
+
 class _OtherSpelling(argparse.Action):
     """An option spelled as another entry point spells it: refused with the command line's name."""
 
@@ -74,6 +80,7 @@ class _OtherSpelling(argparse.Action):
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncfl", description="Asynchronous federated learning simulator (JAX).")
+    parser.add_argument("--version", action="version", version=f"asyncfl_jax {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run an experiment and write config, metrics and plots to an output folder")

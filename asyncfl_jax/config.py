@@ -8,6 +8,7 @@ the same seeds. A configuration file is a JSON object with the same nesting as :
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -454,6 +455,27 @@ def run_concurrency(run: RunConfig, num_clients: int) -> int:
     return num_clients
 
 
+def _option_hint(error: ValueError, run: RunConfig) -> str:
+    """`` (did you mean 'hinge'?)`` for a misspelt option value (the algorithms' errors say ``must be one of [...],
+    got 'x'``) or option name (one the algorithm does not take), else ``""``."""
+    import ast
+    import re
+
+    found = re.search(r"must be one of (\[[^\]]*\]), got '([^']*)'", str(error))
+    if found:
+        with contextlib.suppress(ValueError, SyntaxError):
+            close = difflib.get_close_matches(found.group(2), [str(c) for c in ast.literal_eval(found.group(1))], n=1)
+            return f" (did you mean {close[0]!r}?)" if close else ""
+        return ""
+    with contextlib.suppress(ValueError, TypeError):
+        known = list(get_algorithm(run.algorithm).options) + ["server_optimizer"]
+        unknown = [name for name in run.options if name not in known]
+        close = difflib.get_close_matches(unknown[0], known, n=1) if unknown else []
+        if close:
+            return f" (did you mean the option {close[0]!r} instead of {unknown[0]!r}?)"
+    return ""
+
+
 def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     """Checks every option; raises :class:`ConfigError` naming the option, the value and what is allowed.
 
@@ -512,7 +534,9 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
 
         try:
             find_tfds_dir(d.name.split("/", 1)[1], d.path)
-        except (DatasetNotFoundError, ImportError) as e:
+        except ImportError as e:  # the package itself is missing, not the data
+            raise ConfigError(f"invalid option data.name = {d.name!r}: {e}") from None
+        except DatasetNotFoundError as e:
             raise ConfigError(f"invalid option data.name = {d.name!r}: the dataset is not prepared.\n{e}") from None
 
     m = cfg.model
@@ -617,7 +641,7 @@ def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
     try:
         algorithm = get_algorithm(run.algorithm, **run.options)
     except ValueError as e:
-        raise ConfigError(f"invalid option {prefix}.options = {run.options!r}: {e}") from None
+        raise ConfigError(f"invalid option {prefix}.options = {run.options!r}: {e}{_option_hint(e, run)}") from None
     from asyncfl_jax.engine import resolve_hparams
 
     try:
