@@ -35,7 +35,7 @@ _logging.getLogger("asyncfl_jax").addHandler(_logging.NullHandler())
 from asyncfl_jax import algorithms, data, losses, timing
 from asyncfl_jax.algorithms import (Algorithm, ServerMeta, asgd, asyncfeded, ca2fl, fedasync, fedavg, fedbuff,
                                     get_algorithm, with_server_optimizer)
-from asyncfl_jax.algorithms.defaults import default_schedules, run_defaults
+from asyncfl_jax.algorithms.defaults import run_defaults
 from asyncfl_jax.client import LocalConfig, make_local_update
 from asyncfl_jax.compile_cache import enable_compile_cache
 from asyncfl_jax.engine import (
@@ -52,6 +52,7 @@ from asyncfl_jax.results import History, load_results, plot_accuracy, write_resu
 from asyncfl_jax.task import Task, TaskArrays, make_task, task_arrays
 from asyncfl_jax.timing import DelayModel, Schedule, make_schedule, schedule_summary
 from asyncfl_jax.timing.clock import EventClock
+from asyncfl_jax.usual_runs import default_schedules
 
 __version__ = "0.1.0"
 

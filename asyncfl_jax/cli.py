@@ -163,8 +163,8 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--concurrency", type=int, help="clients in flight Mc (concurrent protocol)")
     g.add_argument("--buffer-size", type=int, help="arrivals per server step M (concurrent protocol)")
     g.add_argument("--refill", help="immediate | boundary (concurrent protocol)")
-    g.add_argument("--participants", type=int, help="clients per synchronous round (default with --algorithm fedavg: "
-                   "20, as many as FedBuff keeps in flight; in a config file: null = all)")
+    g.add_argument("--participants", type=int, help="clients per synchronous round (fedavg's usual run: 20, as many "
+                   "as FedBuff keeps in flight; another algorithm's synchronous rounds: all clients)")
     g.add_argument("--steps", type=int, help="server steps T")
     g.add_argument("--arrivals", type=int, help="client uploads (T = arrivals / M)")
 

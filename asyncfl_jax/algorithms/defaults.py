@@ -1,8 +1,8 @@
 """Each algorithm's usual run: the arrival protocol it runs under, its number of uploads and the evaluation points.
 
 One table, read by every entry point, so that ``asyncfl run --algorithm NAME``, a configuration file whose run omits
-``protocol`` (or some of its fields) and ``arrivals``/``steps``, and Python (:func:`default_schedules` with
-:func:`~asyncfl_jax.engine.simulate`) run the same experiment:
+``protocol`` (or some of its fields) and ``arrivals``/``steps``, and Python
+(:func:`asyncfl_jax.usual_runs.default_schedules` with :func:`~asyncfl_jax.engine.simulate`) run the same experiment:
 
 =================================  ===========================================================  ==========
 algorithms                         protocol                                                     uploads
@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 EVAL_POINTS = 30
 """Evaluations per run, evenly spaced (:func:`eval_every_for`), at every entry point."""
@@ -103,44 +103,3 @@ def run_defaults(algorithm: Any) -> RunDefaults:
 def eval_every_for(num_steps: int, eval_points: int = EVAL_POINTS) -> int:
     """Server steps between two evaluations of a run of ``num_steps`` steps: ``ceil(T / eval_points)``."""
     return max(1, math.ceil(num_steps / eval_points))
-
-
-def default_schedules(algorithm: Any, num_clients: int, seeds: Sequence[int] = (0,),
-                   delays: Any = None, arrivals: int | None = None, steps: int | None = None,
-                   protocol: Mapping[str, Any] | None = None) -> list[Any]:
-    """One schedule per seed (timing seed ``s`` for training seed ``s``, as ``asyncfl run`` does) under the
-    algorithm's usual protocol and length, for :func:`~asyncfl_jax.engine.simulate` with the same ``seeds``.
-
-    Args:
-      algorithm: a registered name or an :class:`~asyncfl_jax.algorithms.Algorithm` built by one.
-      num_clients: ``n``.
-      seeds: the training seeds the schedules are for.
-      delays: a :class:`~asyncfl_jax.timing.delays.DelayModel` or its dict form (default :data:`DEFAULT_DELAYS`,
-        the command line's).
-      arrivals, steps: the run's length in uploads or in server steps (at most one; default: the algorithm's
-        uploads).
-      protocol: protocol fields over the algorithm's (:meth:`RunDefaults.protocol_with`), e.g.
-        ``{"concurrency": 50}``.
-
-    Returns the schedules (an :class:`~asyncfl_jax.timing.clock.EventClock` each for AsyncFedED's event clock),
-    padded to common widths, exactly as ``asyncfl run`` builds them.
-    """
-    from asyncfl_jax.config import DataConfig, ExperimentConfig, validate
-    from asyncfl_jax.experiment import build_schedules
-
-    if arrivals is not None and steps is not None:
-        raise ValueError("give the run's length as arrivals or as steps, not both")
-    if delays is None:
-        delays = dict(DEFAULT_DELAYS)
-    elif not isinstance(delays, Mapping):
-        delays = dataclasses.asdict(delays)
-    name = algorithm if isinstance(algorithm, str) else algorithm.name
-    raw = {"algorithm": name, "protocol": run_defaults(name).protocol_with(protocol)}
-    if steps is not None:
-        raw["steps"] = steps
-    if arrivals is not None:
-        raw["arrivals"] = arrivals
-    cfg = ExperimentConfig.from_dict({"data": dataclasses.asdict(DataConfig(num_clients=num_clients)),
-                                      "delays": dict(delays), "runs": [raw], "seeds": list(seeds)})
-    validate(cfg, check_files=False)  # a ConfigError (a ValueError) naming the option, the value and what is allowed
-    return build_schedules(cfg, cfg.runs[0])
