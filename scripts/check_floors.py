@@ -4,9 +4,10 @@
 It creates a fresh virtual environment, installs every runtime dependency and every dependency of the extras
 ``[leaf]``, ``[tfds]`` and ``[tensorboard]`` at exactly its declared floor (``jax>=0.8.0`` becomes ``jax==0.8.0``; pip
 resolves the rest), installs this project without its dependencies, and runs a tiny experiment through the command
-line (data, compile, checkpoints with orbax, results files, the plot, TensorBoard scalars with tensorboardX) and a
-short Python session (import, simulate, History; a LEAF FEMNIST parquet file written with pyarrow and Pillow and read
-back; a TFDS dataset mocked by ``tfds.testing.mock_data``, nothing downloaded). It prints the installed versions and
+line (data, compile, checkpoints with orbax, results files, the plot, TensorBoard scalars with tensorboardX; the
+console entries ``asyncfl`` and ``asyncfl-launch-local``) and a short Python session (import, simulate, History; a
+LEAF FEMNIST parquet file written with pyarrow and Pillow and read back; a TFDS dataset mocked by
+``tfds.testing.mock_data``, nothing downloaded). It prints the installed versions and
 ends with exit code 0 when all of it worked, 1 when an installed floor failed to run, 2 when the floors cannot be
 installed together.
 
@@ -115,7 +116,8 @@ def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--keep", metavar="DIR", help="build the environment in DIR and keep it (reused when it exists)")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="build the environment in DIR and keep it (reused when it exists)")
     parser.add_argument("--no-extras", action="store_true", help=f"check the runtime dependencies only, not {EXTRAS}")
     args = parser.parse_args(argv)
     extras = () if args.no_extras else EXTRAS
@@ -141,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         ok = run([str(env_dir / "bin" / "asyncfl"), *CLI_ARGS, "--out", str(out), *tensorboard], cwd=tmp,
                  env=env).returncode == 0 and ok
         ok = ok and all((out / name).exists() for name in ("metrics.csv", "summary.json", "accuracy.png"))
+        for entry in (["asyncfl", "--version"], ["asyncfl-launch-local", "--help"]):  # the installed console entries
+            called = run([str(env_dir / "bin" / entry[0]), *entry[1:]], env=env, stdout=subprocess.DEVNULL)
+            ok = called.returncode == 0 and ok
         if tensorboard:
             events = list((out / "events").rglob("events.out.tfevents.*"))
             print(f"tensorboard check: {len(events)} event file(s)")
