@@ -1,5 +1,5 @@
 """The packaging edges: the version, the launcher in the wheel, the did-you-mean of option values, the message when
-tensorflow-datasets is missing, the SPDX license and the floors' script reading the extras."""
+tensorflow-datasets is missing, the SPDX license."""
 
 from __future__ import annotations
 
@@ -58,15 +58,3 @@ def test_a_missing_tensorflow_datasets_says_how_to_install_it(monkeypatch):
         validate(cfg)
     message = str(refusal.value)
     assert "pip install tensorflow-datasets" in message and "not prepared" not in message
-
-
-def test_the_floors_script_pins_the_runtime_and_the_extras_floors():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        check_floors = importlib.import_module("check_floors")
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    pinned = check_floors.floors(ROOT / "pyproject.toml", check_floors.EXTRAS)
-    assert "jax==0.8.0" in pinned  # jax.enable_x64, which every run uses, is new in jax 0.8.0
-    names = {p.split("==")[0] for p in pinned}
-    assert {"pyarrow", "pillow", "tensorflow-datasets", "tensorboardX", "importlib_resources"} <= names
