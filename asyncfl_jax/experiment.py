@@ -503,7 +503,8 @@ def run_config(
     callbacks: Sequence[Any] = (),
     overwrite: bool = False,
 ) -> list[History]:
-    """Validates, runs every run of the experiment and (optionally) writes the results to ``cfg.output``.
+    """Validates, runs every run of the experiment and (optionally) writes the results to ``cfg.output`` (``None``: a
+    new folder ``runs/<algorithms>-<YYYYmmdd-HHMMSS>``, :func:`new_output`).
 
     With ``write``, the folder is locked for the whole call (:class:`~asyncfl_jax.outputs.OutputLock`: another
     process is refused), checked (:func:`decide_output`: a folder holding anything but a new start is refused unless
