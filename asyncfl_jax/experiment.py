@@ -403,7 +403,7 @@ def decide_output(cfg: ExperimentConfig, overwrite: bool = False, resume: bool =
     manifest = outputs.Manifest.load(out)  # an unreadable or edited manifest is refused, whatever comes next
     if resume and not overwrite:
         if status.kind == "different":
-            raise ConfigError(f"cannot resume in {out}: it holds a different configuration (saved -> this one: "
+            raise ConfigError(f"cannot resume in {out}: it holds a different configuration ("
                               + describe_differences(status.differences) + ")")
         if status.kind == "foreign":
             raise ConfigError(f"cannot resume in {out}: it holds no asyncfl results (no readable config.json)")
