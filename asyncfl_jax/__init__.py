@@ -7,10 +7,13 @@ The same experiment is a few calls::
     dataset = afl.data.synthetic_leaf(num_clients=100, alpha=1.0, beta=1.0)
     model = afl.make_model("mlp", dataset.input_shape, dataset.num_classes)
     task = afl.make_task(dataset, dataset.natural_partition, model)
-    schedule = afl.make_schedule("concurrent", 100, 300, afl.DelayModel(), seed=0,
-                                 concurrency=20, buffer_size=10, refill="boundary")
-    history = afl.simulate(task, afl.fedbuff(), schedule, afl.LocalConfig(steps=10, batch_size=32),
+    schedules = afl.default_schedules("fedbuff", 100, seeds=[0, 1])  # FedBuff's usual protocol, one per seed
+    history = afl.simulate(task, afl.fedbuff(), schedules, afl.LocalConfig(steps=10, batch_size=32),
                            seeds=[0, 1], hparams={"client_lr": [0.02, 0.05]})
+
+(the same experiment as ``asyncfl run --algorithm fedbuff --seeds 0,1 --hparam client_lr=0.02,0.05``: the protocol,
+number of uploads and evaluation points of an algorithm's usual run come from :mod:`asyncfl_jax.algorithms.defaults`
+at every entry point),
 
 and the pieces are pure functions: :func:`make_simulation` returns the whole run as one function of (schedule
 arrays, hyper-parameters, key, task arrays) that can be ``jax.jit``-ed and ``jax.vmap``-ed, and every algorithm is an
@@ -32,6 +35,7 @@ _logging.getLogger("asyncfl_jax").addHandler(_logging.NullHandler())
 from asyncfl_jax import algorithms, data, losses, timing
 from asyncfl_jax.algorithms import (Algorithm, ServerMeta, asgd, asyncfeded, ca2fl, fedasync, fedavg, fedbuff,
                                     get_algorithm, with_server_optimizer)
+from asyncfl_jax.algorithms.defaults import run_defaults
 from asyncfl_jax.client import LocalConfig, make_local_update
 from asyncfl_jax.compile_cache import enable_compile_cache
 from asyncfl_jax.hypergrad import HyperGradient, UnreliableGradientError, hypergradient, make_objective
@@ -50,6 +54,7 @@ from asyncfl_jax.task import Task, TaskArrays, make_task, task_arrays
 from asyncfl_jax.timing import DelayModel, Schedule, make_schedule, schedule_summary
 from asyncfl_jax.timing.clock import EventClock
 from asyncfl_jax.timing.traces import TraceDelays, load_device_trace, load_fedscale_traces
+from asyncfl_jax.usual_runs import default_schedules
 
 __version__ = "0.1.0"
 
@@ -78,6 +83,7 @@ __all__ = [
     "custom_loss",
     "data",
     "default_hparams",
+    "default_schedules",
     "enable_compile_cache",
     "fedasync",
     "fedavg",
@@ -97,6 +103,7 @@ __all__ = [
     "model_from_apply",
     "model_from_flax",
     "plot_accuracy",
+    "run_defaults",
     "schedule_arrays",
     "schedule_summary",
     "simulate",

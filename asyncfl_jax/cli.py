@@ -53,24 +53,41 @@ from asyncfl_jax.errors import InputError, PartitionError
 from asyncfl_jax.presets import get_preset, unavailable
 from asyncfl_jax.config import ConfigError, ExperimentConfig, parse_value, resolve, set_option, validate
 
-DEFAULT_ARRIVALS = 3000
-"""Uploads of the run ``asyncfl run --algorithm NAME`` (or ``--preset NAME``) makes."""
-AREA_DEFAULT_ARRIVALS = 12_000
-"""Uploads of ``asyncfl run --algorithm area|as_fedavg`` instead of :data:`DEFAULT_ARRIVALS`; see docs/defaults.md."""
+from asyncfl_jax.algorithms.defaults import AREA_DEFAULT_ARRIVALS, DEFAULT_ARRIVALS  # noqa: F401 (re-exported)
 
 
 def _parse_list(text: str, cast=float) -> list:
     return [cast(v) for v in text.split(",") if v.strip()]
 
 
+def _version() -> str:
+    from asyncfl_jax import __version__
+
+    return __version__
+
+
+class _OtherSpelling(argparse.Action):
+    """An option spelled as another entry point spells it: refused with the command line's name."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, canonical: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.canonical = canonical
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string}: on the command line this is {self.canonical}")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncfl", description="Asynchronous federated learning simulator (JAX).")
+    parser.add_argument("--version", action="version", version=f"asyncfl_jax {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run an experiment and write config, metrics and plots to an output folder")
     run.add_argument("--config", help="JSON configuration file (defaults fill what it omits)")
-    run.add_argument("--out", help="output folder (default: runs/default); it must be new or empty, or hold an "
-                                   "unfinished run of the same configuration (which is continued), unless --overwrite")
+    run.add_argument("--out", help="output folder (default: a new folder runs/<algorithm>-<YYYYmmdd-HHMMSS> for each "
+                                   "run, printed at the start); it must be new or empty, or hold an unfinished run of "
+                                   "the same configuration (which is continued), unless --overwrite")
     run.add_argument("--overwrite", action="store_true",
                      help="start over in a non-empty --out folder (deletes the earlier results and checkpoints "
                           "listed in its manifest.json, nothing else)")
@@ -124,7 +141,10 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="per-client metrics on a fixed random subset of N clients (default: all)")
     g.add_argument("--local-steps", type=int, help="local steps K")
     g.add_argument("--batch-size", type=int, help="local minibatch size B (0 = full batch)")
-    g.add_argument("--lr", type=float, help="client learning rate")
+    g.add_argument("--lr", type=float, help="client learning rate (the hyper-parameter client_lr: --hparam "
+                   "client_lr=0.02,0.05 sweeps it)")
+    g.add_argument("--client-lr", "--learning-rate", action=_OtherSpelling, help=argparse.SUPPRESS,
+                   canonical="--lr (or --hparam client_lr=V[,V...] to sweep it)")
 
     g = run.add_argument_group("algorithm (replaces the default runs with a single run)")
     g.add_argument("--algorithm", help=" | ".join(sorted(REGISTRY)) + " (see `asyncfl algorithms`): one run of "
@@ -143,8 +163,8 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--concurrency", type=int, help="clients in flight Mc (concurrent protocol)")
     g.add_argument("--buffer-size", type=int, help="arrivals per server step M (concurrent protocol)")
     g.add_argument("--refill", help="immediate | boundary (concurrent protocol)")
-    g.add_argument("--participants", type=int, help="clients per synchronous round (default with --algorithm fedavg: "
-                   "20, as many as FedBuff keeps in flight; in a config file: null = all)")
+    g.add_argument("--participants", type=int, help="clients per synchronous round (fedavg's usual run: 20, as many "
+                   "as FedBuff keeps in flight; another algorithm's synchronous rounds: all clients)")
     g.add_argument("--steps", type=int, help="server steps T")
     g.add_argument("--arrivals", type=int, help="client uploads (T = arrivals / M)")
 
@@ -254,25 +274,8 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     if args.noise is not None:
         raw["delays"] = {"noise": args.noise, **{k: v for k, v in raw["delays"].items() if not k.startswith("noise")}}
 
-    if args.algorithm is not None:
-        run: dict[str, Any] = {"algorithm": args.algorithm, "options": {}, "hparams": {}, "arrivals": DEFAULT_ARRIVALS,
-                               "protocol": {"name": "synchronous" if args.algorithm == "fedavg" else "concurrent",
-                                            "concurrency": 20, "buffer_size": 10, "refill": "boundary"}}
-        if args.algorithm == "fedavg":  # rounds of 20 sampled clients: as many training at once as FedBuff's Mc
-            run["protocol"] = {"name": "synchronous", "participants": 20}
-        if args.algorithm in ("fedasync", "asgd"):
-            run["protocol"].update(buffer_size=1, refill="immediate")
-        if args.algorithm in ("ace", "aced", "delay_adaptive_asgd"):  # every client always computing (ACE paper)
-            run["protocol"] = {"name": "all_active"}
-        if args.algorithm == "asyncfeded":  # every client always computing; durations follow the adaptive K
-            run["protocol"] = {"name": "event_clock"}
-        if args.algorithm in ("area", "as_fedavg"):  # every client always computing, Delta = 4 (AREA paper)
-            run["protocol"] = {"name": "concurrent", "concurrency": None, "buffer_size": 4,  # None: n, below
-                               "refill": "immediate"}
-            # The model is the mean of all n clients' latest local models, so an upload moves it by 1/n of a local
-            # update: 3,000 uploads (30 per client) leave it near 0.33-0.46; 12,000 learn (docs/defaults.md).
-            run["arrivals"] = AREA_DEFAULT_ARRIVALS
-        raw["runs"] = [run]
+    if args.algorithm is not None:  # its usual protocol and uploads fill what is omitted (algorithms/defaults.py)
+        raw["runs"] = [{"algorithm": args.algorithm, "options": {}, "hparams": {}}]
     for run in raw["runs"]:
         if args.staleness is not None:
             run.setdefault("options", {})["staleness"] = args.staleness
@@ -307,10 +310,6 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     runs = raw.get("runs")
     if not isinstance(runs, list) or not runs or not all(isinstance(run, dict) for run in runs):
         raise ConfigError(f"invalid option runs = {runs!r}: must be a non-empty list of runs (objects)")
-    for run in runs:  # "every client" once the number of clients is final
-        proto = run.get("protocol")
-        if isinstance(proto, dict) and "concurrency" in proto and proto["concurrency"] is None:
-            proto["concurrency"] = raw["data"].get("num_clients") if isinstance(raw.get("data"), dict) else None
     put("output", args.out)
     return ExperimentConfig.from_dict(raw)
 
@@ -482,7 +481,7 @@ def _report(error: BaseException, args: argparse.Namespace, debug: bool) -> int:
     """Prints the one-paragraph message of ``error`` (and its traceback with ``--debug``); returns the exit code."""
     if debug:
         traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
-    out = getattr(args, "resume", None) or getattr(args, "out", None) or "runs/default"
+    out = getattr(args, "resume", None) or getattr(args, "out", None) or "the output folder"
     if isinstance(error, KeyboardInterrupt):
         code = error.exit_code if isinstance(error, _signals.Interrupted) else 130
         by = " by SIGTERM" if code == 143 else ""
@@ -588,10 +587,15 @@ def _command(args: argparse.Namespace) -> int:
     cfg = resolve(cfg)
     if args.checkpoint_every < 1:
         raise ConfigError(f"invalid option --checkpoint-every = {args.checkpoint_every}: must be an integer >= 1")
-    _check_out_path(cfg.output)
+    if cfg.output is not None:
+        _check_out_path(cfg.output)
     from asyncfl_jax.preflight import check_memory
 
     check_memory(cfg)  # from the configuration alone, before any data or schedule is built
+    if cfg.output is None:  # a new folder for this run (made now, so that it is this run's alone)
+        from asyncfl_jax.experiment import new_output
+
+        cfg.output = args.out = new_output(cfg)
     resume = True if args.resume is not None else _check_output(cfg, args.overwrite)
 
     from asyncfl_jax.checkpoint import SimulationInterrupted

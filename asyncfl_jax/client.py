@@ -66,6 +66,20 @@ DROPOUT_STREAM = 0x0D50  # fold_in index of a job's dropout keys (the job key it
 LOCAL_HPARAMS = {"client_lr": 0.05, "momentum": 0.0, "weight_decay": 0.0, "prox_mu": 0.0}
 """Local-training hyper-parameters (sweepable) and their defaults."""
 
+HPARAM_SPELLINGS = {"lr": "client_lr", "learning_rate": "client_lr", "local_lr": "client_lr",
+                    "client_learning_rate": "client_lr"}
+"""Other spellings of a hyper-parameter, refused with the canonical name (the client learning rate is ``client_lr`` in
+Python and in ``hparams``; ``--lr`` / ``local.lr`` on the command line and in a configuration file's ``local``)."""
+
+
+def spelling_hint(name: str) -> str:
+    """``"; did you mean 'client_lr' ..."`` for another spelling of a hyper-parameter, else ``""``."""
+    if name not in HPARAM_SPELLINGS:
+        return ""
+    return (f"; the client learning rate is the hyper-parameter {HPARAM_SPELLINGS[name]!r} (hparams={{"
+            f"'{HPARAM_SPELLINGS[name]}': ...}} in Python, --hparam {HPARAM_SPELLINGS[name]}=... to sweep it; "
+            "--lr or local.lr sets it for every run)")
+
 
 @dataclasses.dataclass(frozen=True)
 class LocalConfig:
@@ -86,6 +100,18 @@ class LocalConfig:
     epochs: float | None = None
     use_momentum: bool = False
     optimizer: optax.GradientTransformation | OptimizerFactory | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "LocalConfig":
+        misnamed = [k for k in kwargs if k in HPARAM_SPELLINGS or k in LOCAL_HPARAMS]
+        if misnamed:  # hyper-parameters are not static settings: they go to simulate(hparams=...) and can be swept
+            key = misnamed[0]
+            name = HPARAM_SPELLINGS.get(key, key)
+            what = "the client learning rate" if name == "client_lr" else repr(key)
+            where = "; on the command line --lr, in a configuration file local.lr" if name == "client_lr" else ""
+            raise TypeError(f"LocalConfig() got the keyword {key!r}: {what} is not one of its static settings but "
+                            f"the hyper-parameter {name!r}: give it as simulate(..., hparams={{{name!r}: value}}) "
+                            f"(a list of values sweeps it){where}")
+        return super().__new__(cls)
 
     def identity(self) -> dict[str, Any]:
         """The settings as JSON values (what a checkpoint must match); a custom optimizer by its name."""

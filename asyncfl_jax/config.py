@@ -8,6 +8,7 @@ the same seeds. A configuration file is a JSON object with the same nesting as :
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -16,6 +17,7 @@ import os
 from typing import Any, Mapping
 
 from asyncfl_jax.algorithms import REGISTRY, get_algorithm
+from asyncfl_jax.algorithms.defaults import EVAL_POINTS, RUN_DEFAULTS, eval_every_for
 from asyncfl_jax.errors import InputError
 from asyncfl_jax.precision import PRECISIONS
 from asyncfl_jax.timing.delays import DelayModel
@@ -145,6 +147,10 @@ class ProtocolConfig:
 class RunConfig:
     """One algorithm run. Give its length as ``steps`` (server steps) or ``arrivals`` (client uploads).
 
+    What a run omits comes from the algorithm's usual run (:mod:`asyncfl_jax.algorithms.defaults`), the same at every
+    entry point: ``protocol`` (or the fields of it that are omitted, while the protocol's name is the algorithm's) and,
+    without ``steps``, ``arrivals`` and ``schedule_files``, the number of uploads (3,000; AREA and AS-FedAvg 12,000).
+
     ``schedule_files`` replays recorded schedules (``.npz`` files written by ``Schedule.save``, e.g. the
     ``schedules/`` folder of an earlier run), one per seed in the order of ``seeds``; the protocol and delay model are
     then not used, and without ``steps``/``arrivals`` the whole recorded schedule runs."""
@@ -153,10 +159,18 @@ class RunConfig:
     label: str | None = None
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     hparams: dict[str, Any] = dataclasses.field(default_factory=dict)
-    protocol: ProtocolConfig = dataclasses.field(default_factory=ProtocolConfig)
+    protocol: ProtocolConfig | None = None
     steps: int | None = None
     arrivals: int | None = None
     schedule_files: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        usual = RUN_DEFAULTS.get(self.algorithm) if isinstance(self.algorithm, str) else None  # validate() refuses
+        if self.protocol is None or isinstance(self.protocol, Mapping):
+            given = dict(self.protocol or {})
+            self.protocol = ProtocolConfig(**(usual.protocol_with(given) if usual is not None else given))
+        if self.steps is None and self.arrivals is None and self.schedule_files is None and usual is not None:
+            self.arrivals = usual.arrivals
 
     @property
     def name(self) -> str:
@@ -171,21 +185,12 @@ class RunConfig:
 
 def default_runs() -> list[RunConfig]:
     """The embedded default: FedBuff (Mc=20, M=10, boundary refill) against FedAsync (polynomial staleness, one
-    arrival per step, immediate refill), 3,000 uploads each."""
+    arrival per step, immediate refill), 3,000 uploads each: both algorithms' usual runs
+    (:mod:`asyncfl_jax.algorithms.defaults`)."""
     return [
-        RunConfig(
-            algorithm="fedbuff",
-            hparams={"server_lr": 1.0},
-            protocol=ProtocolConfig(name="concurrent", concurrency=20, buffer_size=10, refill="boundary"),
-            arrivals=3000,
-        ),
-        RunConfig(
-            algorithm="fedasync",
-            options={"staleness": "polynomial"},
-            hparams={"alpha": 0.6, "staleness_a": 0.5},
-            protocol=ProtocolConfig(name="concurrent", concurrency=20, buffer_size=1, refill="immediate"),
-            arrivals=3000,
-        ),
+        RunConfig(algorithm="fedbuff", hparams={"server_lr": 1.0}),
+        RunConfig(algorithm="fedasync", options={"staleness": "polynomial"},
+                  hparams={"alpha": 0.6, "staleness_a": 0.5}),
     ]
 
 
@@ -196,7 +201,9 @@ class ExperimentConfig:
     ``shard_clients``: spread the per-client state (caches, residuals) over them along the client axis;
     ``lookahead``: lookahead batching window ``L`` (1: off; see :func:`asyncfl_jax.engine.simulate`).
     ``precision``: ``"float32"`` (default) or ``"float64"`` (:mod:`asyncfl_jax.precision`); ``trajectory``: record the
-    flat global model at every server step (``History.trajectory``, written to ``trajectory/<run>.npz``)."""
+    flat global model at every server step (``History.trajectory``, written to ``trajectory/<run>.npz``).
+    ``output``: the results folder; ``None`` (default): a new folder ``runs/<algorithms>-<YYYYmmdd-HHMMSS>`` for each
+    run (:func:`asyncfl_jax.outputs.new_output_folder`), whose name ``config.json`` then records."""
 
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -206,7 +213,7 @@ class ExperimentConfig:
     )
     runs: list[RunConfig] = dataclasses.field(default_factory=default_runs)
     seeds: list[int] = dataclasses.field(default_factory=lambda: [0])
-    eval_points: int = 30
+    eval_points: int = EVAL_POINTS
     eval_every: int | None = None
     shard_jobs: bool = False
     shard_replicas: bool = False
@@ -215,7 +222,12 @@ class ExperimentConfig:
     replica_batch: int | None = None
     precision: str = "float32"
     trajectory: bool = False
-    output: str = "runs/default"
+    output: str | None = None
+
+    def __post_init__(self) -> None:
+        for run in self.runs if isinstance(self.runs, list) else ():  # "every client" (AREA's usual concurrency)
+            if isinstance(run, RunConfig) and run.protocol.concurrency is None and isinstance(self.data, DataConfig):
+                run.protocol.concurrency = self.data.num_clients
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -265,7 +277,7 @@ class ExperimentConfig:
         """Evaluation interval (server steps) of a run of ``num_steps`` steps."""
         if self.eval_every is not None:
             return int(self.eval_every)
-        return max(1, math.ceil(num_steps / self.eval_points))
+        return eval_every_for(num_steps, self.eval_points)
 
 
 _NESTED = {
@@ -285,8 +297,15 @@ def _build(cls, raw: Any, prefix: str):
         if key not in fields:
             close = difflib.get_close_matches(key, list(fields), n=1)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
+            if cls is LocalTrainingConfig and key in ("client_lr", "learning_rate", "local_lr"):
+                hint = (f"; the client learning rate is '{prefix}lr' here (--lr on the command line; the "
+                        "hyper-parameter client_lr in a run's hparams, where a list sweeps it)")
             raise ConfigError(f"unknown option '{prefix}{key}' (valid in this section: {sorted(fields)}){hint}")
         nested = _NESTED.get((cls.__name__, key))
+        algorithm = raw.get("algorithm", RunConfig.algorithm)
+        if cls is RunConfig and key == "protocol" and isinstance(value, dict) and isinstance(algorithm, str) \
+                and algorithm in RUN_DEFAULTS:
+            value = RUN_DEFAULTS[algorithm].protocol_with(value)  # the fields it omits: the algorithm's
         if nested is not None:
             value = _build(nested, value, f"{prefix}{key}.")
         elif cls is ExperimentConfig and key == "runs":
@@ -464,6 +483,27 @@ def _check_device_trace(cfg: ExperimentConfig, check_files: bool) -> None:
                   "use all_active, concurrent or synchronous")
 
 
+def _option_hint(error: ValueError, run: RunConfig) -> str:
+    """`` (did you mean 'hinge'?)`` for a misspelt option value (the algorithms' errors say ``must be one of [...],
+    got 'x'``) or option name (one the algorithm does not take), else ``""``."""
+    import ast
+    import re
+
+    found = re.search(r"must be one of (\[[^\]]*\]), got '([^']*)'", str(error))
+    if found:
+        with contextlib.suppress(ValueError, SyntaxError):
+            close = difflib.get_close_matches(found.group(2), [str(c) for c in ast.literal_eval(found.group(1))], n=1)
+            return f" (did you mean {close[0]!r}?)" if close else ""
+        return ""
+    with contextlib.suppress(ValueError, TypeError):
+        known = list(get_algorithm(run.algorithm).options) + ["server_optimizer"]
+        unknown = [name for name in run.options if name not in known]
+        close = difflib.get_close_matches(unknown[0], known, n=1) if unknown else []
+        if close:
+            return f" (did you mean the option {close[0]!r} instead of {unknown[0]!r}?)"
+    return ""
+
+
 def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     """Checks every option; raises :class:`ConfigError` naming the option, the value and what is allowed.
 
@@ -522,7 +562,9 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
 
         try:
             find_tfds_dir(d.name.split("/", 1)[1], d.path)
-        except (DatasetNotFoundError, ImportError) as e:
+        except ImportError as e:  # the package itself is missing, not the data
+            raise ConfigError(f"invalid option data.name = {d.name!r}: {e}") from None
+        except DatasetNotFoundError as e:
             raise ConfigError(f"invalid option data.name = {d.name!r}: the dataset is not prepared.\n{e}") from None
 
     m = cfg.model
@@ -565,9 +607,10 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
         _check_seed("seeds", s, f"must be a non-empty list of integers in [0, {MAX_SEED}]")
     if len(set(cfg.seeds)) != len(cfg.seeds):
         _fail("seeds", cfg.seeds, "must not repeat a seed")
-    if not isinstance(cfg.output, str) or not cfg.output.strip():
-        _fail("output", cfg.output, "must name a folder (an empty --out would write into the current folder)")
-    if "\x00" in cfg.output:
+    if cfg.output is not None and (not isinstance(cfg.output, str) or not cfg.output.strip()):
+        _fail("output", cfg.output, "must name a folder (an empty --out would write into the current folder), or "
+              "be null for a new folder runs/<algorithms>-<time>")
+    if cfg.output is not None and "\x00" in cfg.output:
         _fail("output", cfg.output, "must not contain a NUL character")
     _check_int("eval_points", cfg.eval_points, 1)
     if not isinstance(cfg.shard_jobs, bool):
@@ -629,7 +672,7 @@ def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
     try:
         algorithm = get_algorithm(run.algorithm, **run.options)
     except ValueError as e:
-        raise ConfigError(f"invalid option {prefix}.options = {run.options!r}: {e}") from None
+        raise ConfigError(f"invalid option {prefix}.options = {run.options!r}: {e}{_option_hint(e, run)}") from None
     from asyncfl_jax.engine import resolve_hparams
 
     try:

@@ -15,7 +15,7 @@ A run spread over them (``shard_replicas`` or ``shard_clients``) needs three thi
   (each its own shards, see :mod:`asyncfl_jax.checkpoint`).
 
 :func:`initialize` starts the runtime (before anything touches a JAX device); :func:`initialize_from_env` reads the
-``ASYNCFL_*`` environment variables the command line and ``scripts/launch_local.py`` use.
+``ASYNCFL_*`` environment variables the command line and ``asyncfl-launch-local`` (:mod:`asyncfl_jax.launch_local`) use.
 """
 
 from __future__ import annotations

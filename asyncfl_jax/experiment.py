@@ -245,19 +245,44 @@ def _comparable(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
-    """The options in which two configurations (nested dicts) differ, as ``name: saved -> current`` lines."""
+    """The options in which two configurations (nested dicts) differ, as ``name: saved -> current`` lines, one per
+    differing leaf (lists of runs are compared entry by entry, with a line for a different number of entries); long
+    values are shortened (:func:`_short`)."""
     if isinstance(saved, dict) and isinstance(current, dict):
         out = []
         for key in sorted(set(saved) | set(current), key=str):
             name = f"{prefix}.{key}" if prefix else str(key)
             if key not in saved or key not in current:
-                out.append(f"{name}: {json.dumps(saved.get(key))} -> {json.dumps(current.get(key))}")
+                out.append(f"{name}: {_short(saved.get(key))} -> {_short(current.get(key))}")
             else:
                 out.extend(config_differences(saved[key], current[key], name))
         return out
+    if isinstance(saved, list) and isinstance(current, list) and saved and current and \
+            all(isinstance(v, dict) for v in (*saved, *current)):
+        out = [d for i, (a, b) in enumerate(zip(saved, current)) for d in config_differences(a, b, f"{prefix}[{i}]")]
+        if len(saved) != len(current):
+            out.insert(0, f"{prefix}: {len(saved)} entries -> {len(current)}")
+        return out
     if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
         return [d for i, (a, b) in enumerate(zip(saved, current)) for d in config_differences(a, b, f"{prefix}[{i}]")]
-    return [] if saved == current else [f"{prefix}: {json.dumps(saved)} -> {json.dumps(current)}"]
+    return [] if saved == current else [f"{prefix}: {_short(saved)} -> {_short(current)}"]
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``value`` as JSON, cut to ``limit`` characters (``...`` marks the cut)."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+SHOWN_DIFFERENCES = 3
+"""How many differing options a refusal names (then how many more there are)."""
+
+
+def describe_differences(differences: Sequence[str]) -> str:
+    """The first :data:`SHOWN_DIFFERENCES` differences joined by ``; ``, then ``... and N more``."""
+    shown = "; ".join(differences[:SHOWN_DIFFERENCES])
+    more = len(differences) - SHOWN_DIFFERENCES
+    return shown + (f"; ... and {more} more" if more > 0 else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,10 +390,10 @@ def check_unchanged(cfg: ExperimentConfig) -> None:
     for source, saved in saved_configurations(cfg.output):
         differences = config_differences(_comparable(_resolved_dict(saved)), current)
         if differences:
-            shown = differences[:8] + ([f"... ({len(differences) - 8} more)"] if len(differences) > 8 else [])
             raise ConfigError(
                 f"cannot continue in {cfg.output}: its results were computed with another configuration than its "
-                f"config.json (was config.json edited?); {source} records (saved -> config.json): " + "; ".join(shown)
+                f"config.json (was config.json edited?); {source} records (saved -> config.json): "
+                + describe_differences(differences)
                 + ". Nothing was changed: restore config.json, or start over with --overwrite or another --out")
 
 
@@ -398,7 +423,7 @@ def decide_output(cfg: ExperimentConfig, overwrite: bool = False, resume: bool =
     if resume and not overwrite:
         if status.kind == "different":
             raise ConfigError(f"cannot resume in {out}: it holds a different configuration ("
-                              + "; ".join(status.differences) + ")")
+                              + describe_differences(status.differences) + ")")
         if status.kind == "foreign":
             raise ConfigError(f"cannot resume in {out}: it holds no asyncfl results (no readable config.json)")
         check_unchanged(cfg)
@@ -420,10 +445,9 @@ def decide_output(cfg: ExperimentConfig, overwrite: bool = False, resume: bool =
                           f"it again, `asyncfl run --resume {out}` to rewrite the results from the saved runs, or "
                           "choose another --out")
     if status.kind == "different":
-        shown = list(status.differences[:8]) + ([f"... ({len(status.differences) - 8} more)"]
-                                                 if len(status.differences) > 8 else [])
         raise ConfigError(f"{out} holds the results of a different configuration (saved -> this one: "
-                          + "; ".join(shown) + "); choose another --out or pass --overwrite to replace them")
+                          + describe_differences(status.differences) + "); leave out --out for a new folder, "
+                          "choose another --out, or pass --overwrite to replace them")
     raise ConfigError(f"{out} is not empty and holds no asyncfl results (no readable config.json); choose another "
                       "--out or pass --overwrite to write into it (your files there are kept)")
 
@@ -477,6 +501,17 @@ def _start_writing(cfg: ExperimentConfig, decision: str, config: dict[str, Any])
     return manifest
 
 
+def new_output(cfg: ExperimentConfig) -> str:
+    """A new results folder ``runs/<algorithms>-<YYYYmmdd-HHMMSS>`` for ``cfg`` (which names none), made now and
+    logged; a run over several processes must name its folder (each process would pick its own)."""
+    if distributed.process_count() > 1:
+        raise ConfigError("a run over several processes needs an output folder (--out DIR, the same in every "
+                          "process): each process would otherwise make its own runs/<algorithm>-<time>")
+    folder = outputs.new_output_folder([run.name for run in cfg.runs])
+    logger.info("writing to the new folder %s", folder)
+    return folder
+
+
 def run_config(
     cfg: ExperimentConfig,
     progress: bool = True,
@@ -487,7 +522,8 @@ def run_config(
     callbacks: Sequence[Any] = (),
     overwrite: bool = False,
 ) -> list[History]:
-    """Validates, runs every run of the experiment and (optionally) writes the results to ``cfg.output``.
+    """Validates, runs every run of the experiment and (optionally) writes the results to ``cfg.output`` (``None``: a
+    new folder ``runs/<algorithms>-<YYYYmmdd-HHMMSS>``, :func:`new_output`).
 
     With ``write``, the folder is locked for the whole call (:class:`~asyncfl_jax.outputs.OutputLock`: another
     process is refused), checked (:func:`decide_output`: a folder holding anything but a new start is refused unless
@@ -519,6 +555,8 @@ def run_config(
         raise ConfigError(f"invalid option checkpoint_every = {checkpoint_every!r}: must be an integer >= 1")
     if not write:
         return _run_all(cfg, None, False, progress, plot, None, False, callbacks)
+    if cfg.output is None:
+        cfg = dataclasses.replace(cfg, output=new_output(cfg))
     check_output_paths(cfg)
     with outputs.OutputLock(cfg.output) if files else contextlib.nullcontext():  # process 0 holds the lock
         decision = decide_output(cfg, overwrite=overwrite, resume=resume, check_lock=files)

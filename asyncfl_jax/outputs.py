@@ -451,3 +451,26 @@ def bookkeeping_only(root: str) -> bool:
             continue
         return False
     return True
+
+
+RUNS_FOLDER = "runs"
+"""Where a run without an output folder (``asyncfl run`` without ``--out``, ``output: null``) writes:
+``runs/<algorithms>-<YYYYmmdd-HHMMSS>``, a new folder each time (:func:`new_output_folder`)."""
+
+
+def new_output_folder(names: Iterable[str], parent: str = RUNS_FOLDER, now: datetime.datetime | None = None) -> str:
+    """Creates and returns a new folder ``parent/<names>-<YYYYmmdd-HHMMSS>`` for one run of an experiment whose runs
+    are ``names`` (at most three named, then ``etc``), local time. Two runs started within the same second get
+    ``...-2``, ``...-3``: the folder is made with ``exist_ok=False``, so even two processes never share one."""
+    names = list(dict.fromkeys(names))
+    stem = "-".join(names[:3] + (["etc"] if len(names) > 3 else [])) or "run"
+    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    os.makedirs(parent, exist_ok=True)
+    for attempt in range(1, 10_000):
+        path = os.path.join(parent, f"{stem}-{stamp}" + (f"-{attempt}" if attempt > 1 else ""))
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            continue
+        return path
+    raise ConfigError(f"cannot make a new output folder in {parent} for {stem}-{stamp}: give one with --out")

@@ -25,7 +25,7 @@ import optax
 
 from asyncfl_jax.data.client_data import ClientData, Dataset, label_dtype
 from asyncfl_jax.losses import CLASSIFICATION, REGRESSION, Batch, Loss, get_loss, squared_errors
-from asyncfl_jax.models.core import Model
+from asyncfl_jax.models.core import Model, check_parameters
 
 WORST_FRACTION = 0.1  # client_*_worst10: the mean over the worst ceil(10%) of the evaluated clients
 HIGHER_IS_BETTER = ("accuracy",)  # per-example metrics whose worst clients are the lowest; the others: the highest
@@ -261,6 +261,7 @@ def make_task(
         ``seed``); None: all clients. Needs ``client_test_fraction > 0``.
       seed: the data seed: the train-loss sample, the held-out split and the evaluated subset.
     """
+    check_parameters(model.init_params, "make_task: the model")  # a Model built by hand: no BatchNorm statistics
     loss = get_loss(loss, dataset.train_y)
     client_test_fraction = _check_fraction("client_test_fraction", client_test_fraction)
     validation_fraction = _check_fraction("validation_fraction", validation_fraction)

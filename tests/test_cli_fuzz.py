@@ -117,7 +117,7 @@ def _run_in_sandbox(argv: list[str], config_bytes: bytes | None = None) -> tuple
         try:
             out = argv[len(argv) - argv[::-1].index("--out")]  # the value of the last --out
         except (ValueError, IndexError):
-            out = "runs/default"
+            out = "runs"  # a new folder runs/<algorithms>-<time>
         before = _tree(root)
         cwd, err = os.getcwd(), io.StringIO()
         os.chdir(root)
@@ -130,8 +130,7 @@ def _run_in_sandbox(argv: list[str], config_bytes: bytes | None = None) -> tuple
         finally:
             os.chdir(cwd)
         after = _tree(root)
-        changed = {p for p in set(before) | set(after) if before.get(p) != after.get(p) and not _inside(p, out)
-                   and not (out in ("runs/default",) and p == "runs")}
+        changed = {p for p in set(before) | set(after) if before.get(p) != after.get(p) and not _inside(p, out)}
         assert not changed, (argv, sorted(changed))
     return code, err.getvalue()
 

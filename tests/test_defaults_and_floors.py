@@ -69,3 +69,7 @@ def test_check_floors_pins_every_runtime_dependency_at_its_declared_floor():
     names = [p.split("==")[0] for p in pinned]
     assert {"jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy"} <= set(names)
     assert all("==" in p and p.split("==")[1][0].isdigit() for p in pinned)
+    assert "jax==0.8.0" in pinned  # jax.enable_x64, which every run uses, is new in jax 0.8.0
+    with_extras = module.floors(ROOT / "pyproject.toml", module.EXTRAS)
+    names = {p.split("==")[0] for p in with_extras}
+    assert {"pyarrow", "pillow", "tensorflow-datasets", "tensorboardX", "importlib_resources"} <= names

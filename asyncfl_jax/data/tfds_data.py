@@ -114,8 +114,9 @@ def _import_tfds() -> Any:
         import tensorflow_datasets as tfds
     except ImportError as e:
         raise ImportError(
-            "datasets from TensorFlow Datasets need the package tensorflow_datasets: "
-            "pip install -e '.[tfds]' from a clone of asyncfl_jax (reading a prepared dataset needs no TensorFlow)"
+            f"reading a TensorFlow Datasets dataset needs the package tensorflow-datasets, which is not installed "
+            f"({e}): pip install tensorflow-datasets importlib_resources (in a clone of asyncfl_jax: pip install -e "
+            "'.[tfds]'); reading a prepared dataset needs no TensorFlow"
         ) from e
     return tfds
 

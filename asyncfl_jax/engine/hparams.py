@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncfl_jax.algorithms.base import Algorithm
-from asyncfl_jax.client import LOCAL_HPARAMS
+from asyncfl_jax.client import LOCAL_HPARAMS, spelling_hint
 
 
 def default_hparams(algorithm: Algorithm) -> dict[str, float]:
@@ -26,7 +26,7 @@ def resolve_hparams(algorithm: Algorithm, overrides: Mapping[str, Any] | None) -
     for name in overrides or {}:
         if name not in known:
             close = difflib.get_close_matches(name, list(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = spelling_hint(name) or (f"; did you mean {close[0]!r}?" if close else "")
             raise ValueError(
                 f"hyper-parameter {name!r} is not used by {algorithm.name} (known: {sorted(known)}){hint}"
             )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -182,8 +183,8 @@ class Run:
 
 
 def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None = None,
-                seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None, eval_every: int = 100,
-                label: str | None = None, placement: SingleDevice | None = None, lookahead: int = 1,
+                seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None,
+                eval_every: int | None = None, label: str | None = None, placement: SingleDevice | None = None, lookahead: int = 1,
                 replicas: Sequence[Replica] | None = None, precision: str = "float32",
                 trajectory: Any = None, replica_batch: int | None = None) -> Run:
     """Validates and prepares a run (see :func:`~asyncfl_jax.engine.simulate.simulate` for the arguments).
@@ -201,7 +202,7 @@ def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCo
 
 
 def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
-                 hparams: Mapping[str, Any] | None, eval_every: int, label: str | None,
+                 hparams: Mapping[str, Any] | None, eval_every: int | None, label: str | None,
                  placement: SingleDevice | None, lookahead: int, replicas: Sequence[Replica] | None, precision: str,
                  record: Callable[[jax.Array], Any] | None) -> Run:
     lookahead = check_count("lookahead", lookahead, note=" (1: off)")
@@ -220,7 +221,7 @@ def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalC
     check_optimizer_hparams(local, replicas)
     if local.use_momentum is False and any(r.hparams["momentum"] != 0 for r in replicas):
         local = dataclasses.replace(local, use_momentum=True)
-    eval_every = check_count("eval_every", eval_every)
+    eval_every = check_count("eval_every", default_eval_every(schedules) if eval_every is None else eval_every)
     timeline = make_timeline(schedules, seeds, replicas, task.num_clients, eval_every, lookahead)
     placement.check(len(replicas), task.num_clients)
     check_processes(placement)
@@ -242,6 +243,17 @@ def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalC
     metrics = metric_shapes(program, data, task.num_clients, carry_shape.server)
     return Run(label or algorithm.name, task, algorithm, local, replicas, timeline, program, placement, placed,
                carry_shape, eval_every, metrics, precision, record_shape, init=init)
+
+
+def default_eval_every(schedules: Any) -> int:
+    """``eval_every`` when none is given: :data:`~asyncfl_jax.algorithms.defaults.EVAL_POINTS` (30) evaluations per
+    run, ``ceil(T / 30)`` server steps apart, as ``asyncfl run`` and a configuration file do."""
+    from asyncfl_jax.algorithms.defaults import eval_every_for
+
+    items = [schedules] if hasattr(schedules, "num_steps") else list(schedules)
+    if not items or not all(isinstance(getattr(c, "num_steps", None), numbers.Integral) for c in items):
+        return 1  # make_timeline refuses what is not a schedule or an event clock, with its own message
+    return eval_every_for(int(max(c.num_steps for c in items)))
 
 
 @dataclasses.dataclass

@@ -19,8 +19,8 @@ logger = logging.getLogger(__name__)
 
 
 def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None = None,
-             seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None, eval_every: int = 100,
-             progress: bool = True, label: str | None = None, shard_jobs: bool = False, shard_replicas: bool = False,
+             seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None,
+             eval_every: int | None = None, progress: bool = True, label: str | None = None, shard_jobs: bool = False, shard_replicas: bool = False,
              shard_clients: bool = False, lookahead: int = 1, checkpoint_dir: str | None = None,
              checkpoint_every: int = 1, resume: bool = False, callbacks: Sequence[Any] = (),
              precision: str = "float32", trajectory: bool | Callable[[Any], Any] | None = None,
@@ -36,7 +36,9 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
       local: local-training settings (default: ``LocalConfig()``).
       seeds: training seeds; each seed is combined with every point of the hyper-parameter grid.
       hparams: hyper-parameter values; a list sweeps over its values (see :func:`make_replicas`).
-      eval_every: evaluate the global model every this many server steps (and at the end).
+      eval_every: evaluate the global model every this many server steps (and at the end); None (default): 30
+        evaluations per run, ``ceil(T / 30)`` steps apart, as ``asyncfl run`` and a configuration file do
+        (:data:`~asyncfl_jax.algorithms.defaults.EVAL_POINTS`).
       progress: show a progress bar when stderr is a terminal (otherwise at most ten INFO lines per run on the
         ``asyncfl_jax`` logger; see :class:`~asyncfl_jax.engine.callbacks.ProgressBar`). The memory budget and a
         resume are logged at INFO on the ``asyncfl_jax`` logger (silent unless logging is configured).
@@ -91,7 +93,7 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
 
 
 def _simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
-              hparams: Mapping[str, Any] | None, eval_every: int, progress: bool, label: str | None, placement: Any,
+              hparams: Mapping[str, Any] | None, eval_every: int | None, progress: bool, label: str | None, placement: Any,
               lookahead: int, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
               callbacks: Sequence[Any], precision: str, trajectory: Any, replica_batch: int | None) -> History:
     run = prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,

@@ -1,7 +1,7 @@
 """Models: Flax modules and the pure (apply_fn, params) form the simulator uses."""
 
 from asyncfl_jax.models.core import (MODEL_NAMES, Model, cross_entropy_loss, make_model, model_from_apply,
-                                     model_from_flax)
+                                     model_from_flax, model_from_nnx)
 from asyncfl_jax.models.flax_models import CNN, MLP, LogisticRegression
 from asyncfl_jax.models.paper_models import (
     AlexNetCIFAR,
@@ -28,4 +28,5 @@ __all__ = [
     "make_model",
     "model_from_apply",
     "model_from_flax",
+    "model_from_nnx",
 ]

@@ -93,11 +93,88 @@ class Model(NamedTuple):
         return self.apply_fn(self.unravel(flat_params), x)
 
 
+FLAX_COLLECTIONS_HINT = ("BatchNorm keeps running statistics ('batch_stats'), which are not parameters: averaging "
+                         "and differentiating them as parameters would be wrong; use nn.GroupNorm or nn.LayerNorm "
+                         "(the built-in models do), or keep the other collections fixed inside apply_fn and pass "
+                         "only {'params': variables['params']}")
+
+
+def check_parameters(params: Any, where: str) -> None:
+    """Refuses (``ValueError``) parameters that hold more than trainable parameters, which the simulator would
+    otherwise train as parameters without a word: a Flax variables dict with collections besides ``"params"``
+    (``batch_stats``, ``cache``...), an NNX module or an NNX state with variables other than ``nnx.Param``
+    (BatchNorm's ``BatchStat``, Dropout's RNG streams); and parameters with no array at all."""
+    if _is_nnx_module(params):
+        raise ValueError(f"{where}: got a Flax NNX module as parameters; wrap it with model_from_flax(module) "
+                         "(it is split with nnx.split into its nnx.Param state and the rest)")
+    if isinstance(params, dict) and "params" in params and set(params) - {"params"}:
+        others = sorted(map(str, set(params) - {"params"}))
+        raise ValueError(f"{where}: the parameters are a Flax variables dict with the collection(s) {others} "
+                         f"besides 'params'; only trainable parameters can be simulated. {FLAX_COLLECTIONS_HINT}")
+    if type(params).__name__ == "State" and type(params).__module__.startswith("flax.nnx"):
+        others = _non_param_paths(params)
+        if others:
+            raise ValueError(f"{where}: the NNX state holds variables other than nnx.Param ({', '.join(others[:4])}"
+                             f"{' ...' if len(others) > 4 else ''}); use model_from_flax(module), which splits "
+                             "them off and refuses them with the reason")
+    if not jax.tree_util.tree_leaves(params):
+        raise ValueError(f"{where}: the model has no parameters")
+
+
+def _is_nnx_module(value: Any) -> bool:
+    try:
+        from flax import nnx
+    except ImportError:  # a Flax without NNX
+        return False
+    return isinstance(value, nnx.Module)
+
+
+def _non_param_paths(state: Any) -> list[str]:
+    """The paths of the variables of an NNX state that are not ``nnx.Param``."""
+    from flax import nnx
+
+    split = getattr(nnx, "split_state", None)  # flax >= 0.11; State.split before
+    _, others = split(state, nnx.Param, ...) if split is not None else state.split(nnx.Param, ...)
+    return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(others)]
+
+
 def model_from_apply(apply_fn: ApplyFn, params: Any, name: str = "custom",
                      train_apply: TrainApplyFn | None = None) -> Model:
     """Wraps any pure ``(apply_fn, params)`` pair, e.g. a hand-written JAX model, as a :class:`Model`
-    (``train_apply(params, x, key)``: an optional training-mode forward pass with a dropout key)."""
+    (``train_apply(params, x, key)``: an optional training-mode forward pass with a dropout key).
+
+    Every array of ``params`` is trained. A Flax variables dict with collections besides ``"params"`` (BatchNorm's
+    ``batch_stats``) is refused, as is an NNX module or state with variables that are not ``nnx.Param``
+    (:func:`check_parameters`): they are not parameters. Wrap Flax modules with :func:`model_from_flax`."""
+    check_parameters(params, "model_from_apply")
     return Model(apply_fn=apply_fn, init_params=params, name=name, train_apply=train_apply)
+
+
+def model_from_nnx(module: Any, name: str | None = None) -> Model:
+    """Wraps a Flax NNX module (already initialised, e.g. ``MyNet(rngs=nnx.Rngs(0))``) as a :class:`Model`.
+
+    The module is split with ``graphdef, params, rest = nnx.split(module, nnx.Param, ...)``: the parameter pytree is
+    the ``nnx.Param`` state, and ``apply_fn(params, x) = nnx.merge(graphdef, params, rest)(x)``. Only ``nnx.Param``
+    variables can be simulated: a module with other state (``nnx.BatchNorm``'s ``BatchStat``, ``nnx.Dropout``'s RNG
+    streams, any ``nnx.Variable`` subclass) is refused with the paths of those variables; use ``nnx.LayerNorm`` or
+    ``nnx.GroupNorm`` instead of BatchNorm, and leave dropout out (or use a linen module, whose dropout key the
+    simulator draws: :func:`model_from_flax`). The module is called as ``module(x)`` in training and in evaluation."""
+    from flax import nnx
+
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+    others = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(rest)]
+    if others:
+        raise ValueError(f"model_from_flax: the NNX module {type(module).__name__} holds state other than nnx.Param "
+                         f"at {', '.join(others[:4])}{' ...' if len(others) > 4 else ''}; only trainable parameters "
+                         "can be simulated (they are averaged and differentiated as one flat vector). BatchNorm's "
+                         "statistics (BatchStat) are not parameters: use nnx.LayerNorm or nnx.GroupNorm; Dropout's "
+                         "RNG streams: leave dropout out, or write the model with flax.linen")
+    check_parameters(params, "model_from_flax")
+
+    def apply_fn(p: Any, x: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, p, rest)(x)
+
+    return Model(apply_fn=apply_fn, init_params=params, name=name or type(module).__name__)
 
 
 def _train_arg(module: nn.Module, train_arg: str | None) -> str | None:
@@ -120,6 +197,8 @@ def _mode_kwargs(train_arg: str | None, train: bool) -> dict[str, bool]:
 def model_from_flax(module: nn.Module, example_input: jax.Array, seed: int = 0, name: str | None = None,
                     train_arg: str | None = "auto") -> Model:
     """Wraps a Flax ``linen`` module as a :class:`Model`, initialised with ``PRNGKey(seed)`` on ``example_input``
+    (a Flax NNX module, already initialised, is wrapped by :func:`model_from_nnx`; ``example_input``, ``seed`` and
+    ``train_arg`` are then not used)
     (a batch, e.g. ``jnp.zeros((1, *input_shape))``). The model's parameter pytree is Flax's variables dict
     ``{"params": ...}`` (so ``module.apply(params, x)`` works on it, as ``model.apply_fn(params, x)`` does).
 
@@ -134,8 +213,11 @@ def model_from_flax(module: nn.Module, example_input: jax.Array, seed: int = 0, 
     else ``None``). With a mode, local training calls ``module.apply(..., rngs={"dropout": key})`` with a key per
     step (see :mod:`asyncfl_jax.client`); evaluation is deterministic and draws no key.
     """
+    if _is_nnx_module(module):
+        return model_from_nnx(module, name)
     if not isinstance(module, nn.Module):
-        raise ValueError(f"model_from_flax needs a flax.linen Module, got {type(module).__name__}")
+        raise ValueError(f"model_from_flax needs a flax.linen Module or a Flax NNX Module, got "
+                         f"{type(module).__name__}")
     mode = _train_arg(module, train_arg)
     eval_kw, train_kw = _mode_kwargs(mode, False), _mode_kwargs(mode, True)
     variables = module.init({"params": jax.random.PRNGKey(seed)}, jnp.asarray(example_input), **eval_kw)

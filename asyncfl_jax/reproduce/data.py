@@ -57,8 +57,7 @@ def load_dataset(name: str, idx_data_dir: str | None = None, tfds_data_dir: str 
     try:
         return load_tfds(name, tfds_data_dir)
     except ImportError as e:
-        problems.append(f"(TFDS) {name} needs tensorflow_datasets (pip install -e '.[tfds]' from a clone of "
-                        f"asyncfl_jax): {e}")
+        problems.append(f"(TFDS) {e}")
     except DatasetNotFoundError as e:  # TfdsNotPreparedError is one
         problems.append(f"(TFDS) {e}")
     raise DataUnavailable(f"{name} is not available.\n" + "\n".join(problems))

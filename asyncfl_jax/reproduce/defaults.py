@@ -1,11 +1,12 @@
 """The sweep behind every algorithm's default hyper-parameters (``docs/defaults.md``).
 
 Each algorithm runs as ``asyncfl run --algorithm NAME`` would run it: the embedded default task (LEAF Synthetic(1, 1),
-100 clients with their natural data, MLP 60-200-200-10, K = 10, B = 32, local lr 0.05, heterogeneous speeds, 3,000
-uploads) under the protocol the command line picks for that algorithm. Its main server hyper-parameter is swept over
-a small grid (one vmapped program per algorithm) with two seeds. The default is the earlier default when no seed
-diverged there and its mean final test accuracy is within 0.03 of the best point's (defaults are not moved for noise);
-otherwise it is the best point among those where no seed diverged.
+100 clients with their natural data, MLP 60-200-200-10, K = 10, B = 32, local lr 0.05, heterogeneous speeds) under
+that algorithm's usual protocol and number of uploads (:mod:`asyncfl_jax.algorithms.defaults`, which the command line
+reads too). Its main server hyper-parameter is swept over a small grid (one vmapped program per algorithm) with two
+seeds. The default is the earlier default when no seed diverged there and its mean final test accuracy is within 0.03
+of the best point's (defaults are not moved for noise); otherwise it is the best point among those where no seed
+diverged.
 
 Usage::
 
@@ -44,15 +45,13 @@ GRIDS: dict[str, dict[str, list[float]]] = {
 
 def sweep_config(algorithm: str, arrivals: int | None, seeds: Sequence[int]) -> Any:
     """The configuration of ``asyncfl run --algorithm ALGORITHM`` with the algorithm's grid swept (``arrivals``:
-    ``None`` keeps the command's own number of uploads: 3,000, or 12,000 for AREA and AS-FedAvg)."""
-    from asyncfl_jax.cli import config_from_argv
+    ``None`` keeps the algorithm's usual number of uploads: 3,000, or 12,000 for AREA and AS-FedAvg; see
+    :mod:`asyncfl_jax.algorithms.defaults`)."""
+    from asyncfl_jax.config import ExperimentConfig, RunConfig
 
-    argv = ["--algorithm", algorithm, "--seeds", ",".join(map(str, seeds))]
-    if arrivals is not None:
-        argv += ["--arrivals", str(arrivals)]
-    for name, values in GRIDS[algorithm].items():
-        argv += ["--hparam", f"{name}=" + ",".join(f"{v:g}" for v in values)]
-    return config_from_argv(argv)
+    run = RunConfig(algorithm=algorithm, hparams={name: list(values) for name, values in GRIDS[algorithm].items()},
+                    arrivals=arrivals)
+    return ExperimentConfig(runs=[run], seeds=list(seeds))
 
 
 def sweep(algorithm: str, arrivals: int | None = None, seeds: Sequence[int] = (0, 1)) -> list[dict[str, Any]]:
