@@ -70,7 +70,7 @@ JSON_NAME, MD_NAME = "bench_accelerator.json", "bench_accelerator.md"
 SEED = 0
 PARTS = ("matmul", "torch", "fedbuff", "memory", "replicas", "mixed_precision")
 # Share of the remaining wall-time budget each part may use (of the parts not yet run).
-WEIGHTS = {"matmul": 0.5, "torch": 3.0, "fedbuff": 5.0, "memory": 2.5, "replicas": 1.5, "mixed_precision": 1.5}
+WEIGHTS = {"matmul": 0.5, "torch": 2.5, "fedbuff": 6.0, "memory": 2.0, "replicas": 1.0, "mixed_precision": 1.5}
 RESERVE_SECONDS = 5.0  # kept back from the budget: the last writes of the JSON and the table
 
 # Sizes. Per model: data shape, engine (chunk length, chunks; the first chunk is the warm-up), PyTorch (warm-up
@@ -101,10 +101,10 @@ PLANS: dict[str, dict[str, Any]] = {
         "budget": 150.0,
         "matmul": {"sizes": (256, 512), "repeats": 2},
         "fedbuff": FEDBUFF_QUICK,
-        "memory": {"ns": (200, 1000), "models": ("logreg",), "algorithms": ("ca2fl", "ace"),
+        "memory": {"ns": (300,), "models": ("logreg",), "algorithms": ("ca2fl", "ace"),
                    "steps": {"ace": (4, 2), "ca2fl": (2, 2)}, "per_client": 8, "min_seconds": 1},
         "replicas": {"counts": (1, 8, 64), "model": "mlp", "engine": (2, 2), "min_seconds": 1, "hidden": (16, 16)},
-        "mixed_precision": {"models": ("mlp", "ca2fl_cnn"), "concurrency": 4},
+        "mixed_precision": {"models": ("mlp",), "concurrency": 4},
     },
 }
 
@@ -365,7 +365,6 @@ def part_torch(plan: dict[str, Any], ctx: dict[str, Any], out: PartWriter) -> No
             what = f"torch {model_name} Mc={mc}"
             if not out.can_start(what, spec["min_seconds"]):
                 continue
-            t_wall = time.perf_counter()
             if data is None:
                 arrays = dataset_arrays(spec["data"], ctx.get("fmnist_dir"), fb)
                 train_x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(arrays["train_x"], -1, 1))).to(device)
@@ -381,6 +380,7 @@ def part_torch(plan: dict[str, Any], ctx: dict[str, Any], out: PartWriter) -> No
                                         fb["local_steps"], fb["batch_size"], fb["client_lr"], fb["server_lr"],
                                         seed=SEED, device=device, initial_jobs=False, num_classes=classes,
                                         input_shape=shape, **resnet_options(spec))
+            t_wall = time.perf_counter()  # the run: model built, every step (its warm-up ones included)
             model, res = bench_torch.run_fedbuff(
                 model_name, clients, schedule, steps, warmup, fb["local_steps"], fb["batch_size"], fb["client_lr"],
                 fb["server_lr"], seed=SEED, device=device, initial_jobs=False, num_classes=classes,
@@ -523,6 +523,7 @@ def part_memory(plan: dict[str, Any], ctx: dict[str, Any], out: PartWriter) -> N
     from asyncfl_jax.engine.budget import compiled_bytes
 
     out.info(device=device_info())
+    analysed = _record_compiled_bytes(compiled_bytes)
     mp = plan["memory"]
     ds = _dataset(bench_torch_images("fashion_mnist", plan), "fashion_mnist")
     rows = [(name, model, n) for model in mp["models"] for name in mp["algorithms"] for n in mp["ns"]]
@@ -543,6 +544,7 @@ def part_memory(plan: dict[str, Any], ctx: dict[str, Any], out: PartWriter) -> N
         algorithm, local, schedule, hparams = setup(n, chunk * chunks, cache=cache)
         replicas = make_replicas(algorithm, [SEED], hparams)
         bench_scale.reset_peak_rss()
+        analysed.clear()
         eng = bench_scale.bench_engine(task, algorithm, local, schedule, chunk, replicas, shard=None,
                                        zero_init=True, full_eval=False)
         eng.pop("_params_after_first_chunk", None)
@@ -556,8 +558,7 @@ def part_memory(plan: dict[str, Any], ctx: dict[str, Any], out: PartWriter) -> N
                "device_bytes_limit": budget["available_bytes"], **mem,
                "peak_is_this_row": mem["peak_bytes"] > previous_peak,
                "peak_over_budget": mem["peak_bytes"] / (state + budget["data_bytes"])}
-        row["compiled_chunk_bytes"] = _compiled_chunk_bytes(task, algorithm, local, schedule, chunk, replicas,
-                                                            compiled_bytes)
+        row["compiled_chunk_bytes"] = analysed[-1] if analysed else None
         previous_peak = max(previous_peak, mem["peak_bytes"])
         log(f"    {what} ({cache} cache): {row['seconds_per_step'] * 1e3:8.3f} ms/step; peak "
             f"{mem['peak_bytes'] / 2**30:.2f} GiB vs budget {row['budget_total_bytes'] / 2**30:.2f} GiB")
@@ -566,17 +567,20 @@ def part_memory(plan: dict[str, Any], ctx: dict[str, Any], out: PartWriter) -> N
         jax.clear_caches()
 
 
-def _compiled_chunk_bytes(task, algorithm, local, schedule, chunk, replicas, compiled_bytes) -> int | None:
-    """XLA's memory analysis of the compiled chunk (arguments + outputs - donated aliases + temporaries)."""
-    from asyncfl_jax.engine import HostLoop, prepare_run
+def _record_compiled_bytes(compiled_bytes: Callable[[Any], int | None]) -> list[int | None]:
+    """The bytes of XLA's memory analysis of every chunk the host loop compiles from now on (the loop's own check,
+    :func:`asyncfl_jax.engine.budget.check_compiled`, wrapped to also record what it measured)."""
+    from asyncfl_jax.engine import loop as loop_module
 
-    run = prepare_run(task, algorithm, schedule, local, eval_every=chunk, replicas=replicas)
-    loop = HostLoop(run)
-    placed = run.placed
-    part = run.timeline.chunk_inputs(placed.inputs, 0, chunk, None)
-    carry = run.carry_shape
-    compiled = loop.chunk_fns[False].lower(carry, part, placed.hp, placed.keys, placed.data).compile()
-    return compiled_bytes(compiled)
+    seen: list[int | None] = []
+    check = loop_module.check_compiled
+
+    def recording(compiled: Any, label: str, *args: Any, **kwargs: Any) -> int | None:
+        seen.append(compiled_bytes(compiled))
+        return check(compiled, label, *args, **kwargs)
+
+    loop_module.check_compiled = recording
+    return seen
 
 
 def bench_torch_images(shape: str, plan: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -778,6 +782,9 @@ def markdown(res: dict[str, Any]) -> str:
     for r in ratios.get("mixed_precision", []):
         add("mixed_precision", f"{r['model']}: bf16 compute / f32 arrivals/s", "", r["bfloat16_over_float32"])
     for name, part in res["parts"].items():
+        if _finite(part.get("seconds")):
+            add(name, "part wall time (its process: start, imports, compilations, runs)",
+                f"{part['seconds']:.0f} s of at most {part['timeout_seconds']:.0f} s", "-")
         if part.get("status") != "ok":
             add(name, f"status {part.get('status')}", part.get("reason", "")[:200].replace("|", "/").replace(
                 "\n", " "), "-")
