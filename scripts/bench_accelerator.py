@@ -414,9 +414,11 @@ def _same_schedule(schedule: Any, inputs: dict[str, np.ndarray]) -> bool:
 
 
 def engine_fedbuff_row(task: Any, model_name: str, mc: int, spec: dict[str, Any], fb: dict[str, Any],
-                       inputs: dict[str, np.ndarray], compute: str = "float32") -> dict[str, Any]:
+                       inputs: dict[str, np.ndarray], compute: str = "float32",
+                       flops: float | None = None) -> dict[str, Any]:
     """The engine's FedBuff run of one configuration (``bench_scale.bench_engine`` from a zero state): steady-state
-    arrivals/s of the timed chunks, and of the whole call (tracing, compilation, every chunk)."""
+    arrivals/s of the timed chunks, and of the whole call (tracing, compilation, every chunk). ``flops``: XLA's
+    FLOPs of one job (computed here when not given; one more compilation)."""
     from bench_scale import bench_engine
 
     from asyncfl_jax.algorithms import fedbuff
@@ -431,7 +433,7 @@ def engine_fedbuff_row(task: Any, model_name: str, mc: int, spec: dict[str, Any]
     local = LocalConfig(steps=fb["local_steps"], batch_size=fb["batch_size"])
     algorithm = fedbuff()
     replicas = make_replicas(algorithm, [SEED], {"client_lr": fb["client_lr"], "server_lr": fb["server_lr"]})
-    flops = local_flops_per_job(task.model, task.train, local)
+    flops = local_flops_per_job(task.model, task.train, local) if flops is None else flops
     t0 = time.perf_counter()
     eng = bench_engine(task, algorithm, local, schedule, chunk, replicas, shard=None, zero_init=True,
                        full_eval=False)
@@ -460,7 +462,7 @@ def part_fedbuff(plan: dict[str, Any], ctx: dict[str, Any], out: PartWriter) -> 
     out.info(device=device_info())
     fb = plan["fedbuff"]
     for model_name, spec in fb["models"].items():
-        task = None
+        task, flops = None, None
         for mc in fb["concurrency"]:
             what = f"engine {model_name} Mc={mc}"
             if not out.can_start(what, spec["min_seconds"]):
@@ -470,7 +472,8 @@ def part_fedbuff(plan: dict[str, Any], ctx: dict[str, Any], out: PartWriter) -> 
                 ds = _dataset(dataset_arrays(spec["data"], ctx.get("fmnist_dir"), fb), spec["data"])
                 model = jax_model(model_name, ds.input_shape, ds.num_classes, spec)
                 task = make_task(ds, parts, model, seed=SEED, train_eval_size=16)
-            row = engine_fedbuff_row(task, model_name, mc, spec, fb, inputs)
+            row = engine_fedbuff_row(task, model_name, mc, spec, fb, inputs, flops=flops)
+            flops = row["flops_per_job"]  # the same model and local steps at every concurrency
             row.update(peak_memory())
             log(f"    {what}: {row['arrivals_per_second']:9.1f} arrivals/s (best chunk "
                 f"{row['best_chunk_arrivals_per_second']:.1f}), {row['arrivals_per_second_with_compile']:9.1f} "
@@ -650,10 +653,11 @@ def part_mixed_precision(plan: dict[str, Any], ctx: dict[str, Any], out: PartWri
         ds = _dataset(dataset_arrays(spec["data"], ctx.get("fmnist_dir"), fb), spec["data"])
         task = make_task(ds, parts, jax_model(model_name, ds.input_shape, ds.num_classes, spec), seed=SEED,
                          train_eval_size=16)
-        rows = {}
+        rows, flops = {}, None
         for compute in ("float32", "bfloat16"):
             t = dataclasses.replace(task, model=mixed_precision(task.model, compute))
-            rows[compute] = engine_fedbuff_row(t, model_name, mc, spec, fb, inputs, compute=compute)
+            rows[compute] = engine_fedbuff_row(t, model_name, mc, spec, fb, inputs, compute=compute, flops=flops)
+            flops = rows[compute]["flops_per_job"]  # XLA's count of the float32 job (the same operations)
             jax.clear_caches()
         row = {"model": model_name, "concurrency": mc, "float32": rows["float32"], "bfloat16": rows["bfloat16"],
                "bfloat16_over_float32": rows["bfloat16"]["arrivals_per_second"]
