@@ -53,6 +53,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -155,6 +156,24 @@ def git_commit() -> dict[str, Any]:
     if head.returncode != 0:
         return {"commit": None, "dirty": None}
     return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip()) if dirty.returncode == 0 else None}
+
+
+def source_digest() -> str:
+    """SHA-256 of the package's and the scripts' Python sources (paths and contents, sorted): identifies the code
+    measured when the checkout has no git metadata (a copied working tree)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for folder in ("asyncfl_jax", "scripts"):
+        for dirpath, dirnames, filenames in sorted(os.walk(os.path.join(ROOT, folder))):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if name.endswith(".py"):
+                    path = os.path.join(dirpath, name)
+                    h.update(os.path.relpath(path, ROOT).encode() + b"\0")
+                    with open(path, "rb") as f:
+                        h.update(f.read() + b"\0")
+    return h.hexdigest()
 
 
 # ==================================================================================================== child side
@@ -751,7 +770,8 @@ def markdown(res: dict[str, Any]) -> str:
     dev = env.get("device") or {}
     lines = [f"# bench_accelerator ({res['size']})", "",
              f"device: {dev.get('device_kind', '?')} ({dev.get('platform', '?')}); jax {dev.get('jax', '?')}, "
-             f"torch {env.get('torch') or 'not installed'}; commit {str(env.get('git', {}).get('commit'))[:12]}"
+             f"torch {env.get('torch') or 'not installed'}; commit "
+             f"{str(env.get('git', {}).get('commit') or env.get('git', {}).get('given'))[:12]}"
              f"{' (modified)' if env.get('git', {}).get('dirty') else ''}; {env['date']}", "",
              "| part | measurement | value | ratio |", "| --- | --- | --- | --- |"]
 
@@ -854,21 +874,41 @@ def parent_main(args: argparse.Namespace) -> int:
     res: dict[str, Any] = {
         "size": args.size, "budget_seconds": budget, "parts_requested": parts,
         "env": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "git": git_commit(), "python": platform.python_version(), "machine": platform.machine(),
+                "git": {**git_commit(), "given": args.commit}, "source_sha256": source_digest(),
+                "python": platform.python_version(), "machine": platform.machine(),
                 "cpu_count": os.cpu_count(), "jax": _version("jax"), "jaxlib": _version("jaxlib"),
                 "torch": _version("torch") if has_torch else None, "flax": _version("flax"),
                 "fmnist_dir": args.fmnist_dir, "device": None},
         "plan": plan, "parts": {}}
     log(f"bench_accelerator ({args.size}): parts {', '.join(parts)}, budget {budget:.0f} s; commit "
-        f"{str(res['env']['git']['commit'])[:12]}; jax {res['env']['jax']}, torch {res['env']['torch'] or 'absent'}")
+        f"{str(res['env']['git']['commit'] or args.commit)[:12]}, sources {res['env']['source_sha256'][:12]}; "
+        f"jax {res['env']['jax']}, torch {res['env']['torch'] or 'absent'}")
     write_outputs(res, args.out)
     work = tempfile.mkdtemp(prefix="bench_accelerator_")
-    if any(p in parts for p in ("torch", "fedbuff", "mixed_precision")):
+    try:
+        return _run_parts(args, res, plan, parts, budget, has_torch, work, t_start)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_parts(args: argparse.Namespace, res: dict[str, Any], plan: dict[str, Any], parts: list[str], budget: float,
+               has_torch: bool, work: str, t_start: float) -> int:
+    needs_inputs = ("torch", "fedbuff", "mixed_precision")
+    prepare_error = None
+    if any(p in parts for p in needs_inputs):
         t0 = time.perf_counter()
-        prepare_fedbuff_inputs(plan, work, args.fmnist_dir)
-        log(f"  partitions and schedules of the FedBuff configurations written ({time.perf_counter() - t0:.1f} s)")
+        try:
+            prepare_fedbuff_inputs(plan, work, args.fmnist_dir)
+            log(f"  partitions and schedules of the FedBuff configurations written ({time.perf_counter() - t0:.1f} s)")
+        except Exception as e:  # noqa: BLE001 - recorded; the parts that do not need them still run
+            prepare_error = f"the FedBuff partitions and schedules could not be written: {type(e).__name__}: {e}"
+            log(f"  !! {prepare_error}")
     for i, name in enumerate(parts):
         left = budget - (time.perf_counter() - t_start) - RESERVE_SECONDS
+        if prepare_error and name in needs_inputs:
+            res["parts"][name] = {"status": "failed", "reason": prepare_error, "rows": [], "skipped": [], "info": {}}
+            write_outputs(res, args.out)
+            continue
         if name == "torch" and not has_torch:
             msg = "PyTorch is not installed (pip install torch): the PyTorch yardstick is skipped"
             log(f"[{name}] {msg}")
@@ -907,6 +947,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=None,
                    help="wall-time budget in seconds (default 450 at full size, 150 with --quick)")
     p.add_argument("--fmnist-dir", default=None, help="a folder of the Fashion-MNIST IDX files (the MLP's data)")
+    p.add_argument("--commit", default=None,
+                   help="the commit measured, recorded beside git's answer (for a copied checkout without .git; the "
+                        "sources' SHA-256 is recorded either way)")
     # The parts' own processes (internal).
     p.add_argument("--child", choices=PARTS, help=argparse.SUPPRESS)
     p.add_argument("--size", choices=tuple(PLANS), default=None, help=argparse.SUPPRESS)
