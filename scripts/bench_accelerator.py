@@ -4,7 +4,7 @@
 One command, from a checkout (no install, no download)::
 
     PYTHONPATH=. python scripts/bench_accelerator.py --out DIR            # full size: one GPU, within 8 minutes
-    PYTHONPATH=. python scripts/bench_accelerator.py --quick --out DIR    # the same code paths on a CPU, ~1 minute
+    PYTHONPATH=. python scripts/bench_accelerator.py --quick --out DIR    # the same code paths on a CPU, 1-2 min
 
 writes ``DIR/bench_accelerator.json`` (after every part, atomically) and ``DIR/bench_accelerator.md`` (one table),
 and prints its progress. Every figure is a ratio of two measurements of the same run, on the same device:
@@ -942,7 +942,8 @@ def _run_parts(args: argparse.Namespace, res: dict[str, Any], plan: dict[str, An
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="folder for bench_accelerator.json and bench_accelerator.md (created)")
-    p.add_argument("--quick", action="store_true", help="small sizes: the same code paths on a CPU in about a minute")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes: the same code paths on a CPU in 1-2 minutes (about 90 CPU-seconds)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     p.add_argument("--budget", type=float, default=None,
                    help="wall-time budget in seconds (default 450 at full size, 150 with --quick)")
