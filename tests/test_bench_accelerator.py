@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from support import ROOT, script_env
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -21,6 +23,7 @@ def _finite_positive(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
+@pytest.mark.slow  # about 85 CPU-seconds: six processes, thirteen small compilations
 def test_quick_run_writes_every_part_with_finite_ratios(tmp_path):
     has_torch = importlib.util.find_spec("torch") is not None
     # XLA's default optimizations: at level 0 the vmapped convolutions run orders of magnitude slower on a CPU.
