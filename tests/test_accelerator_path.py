@@ -16,6 +16,7 @@ import pytest
 from support import TOY_DELAYS, toy_problem
 from asyncfl_jax.algorithms import ace, ca2fl, fedbuff
 from asyncfl_jax.client import LocalConfig, make_local_update
+from asyncfl_jax.compile_cache import apply_settings, current_settings, disable_compile_cache
 from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.engine import HostLoop, prepare_run, simulate
 from asyncfl_jax.engine.budget import MemoryBudget, MemoryRefusal, compiled_bytes, device_memory_bytes
@@ -111,11 +112,16 @@ def test_a_run_compiles_nothing_after_its_first_chunks():
     the first chunk), and the chunk, the initialization and the evaluation are each compiled once."""
     task, _, _ = toy_problem(6)
     schedule = make_schedule("concurrent", 6, 16, TOY_DELAYS, seed=0, concurrency=4, buffer_size=2)
+    saved = current_settings()
+    disable_compile_cache()  # a persistent-cache hit (a program another test compiled) is no compile event
     jax.clear_caches()
     seen = []
-    with _Compiles() as c:
-        h = simulate(task, fedbuff(), schedule, LocalConfig(steps=2, batch_size=None), eval_every=2, progress=False,
-                     callbacks=[lambda update: seen.append(dict(c.counts))])
+    try:
+        with _Compiles() as c:
+            h = simulate(task, fedbuff(), schedule, LocalConfig(steps=2, batch_size=None), eval_every=2,
+                         progress=False, callbacks=[lambda update: seen.append(dict(c.counts))])
+    finally:
+        apply_settings(saved)
     assert len(h.steps) == 9 and len(seen) == 8
     assert all(counts == seen[1] for counts in seen[2:]), [sum(x.values()) for x in seen]
     assert c.counts["jit(advance)"] == c.counts["jit(init)"] == c.counts["jit(_evaluate_replicas)"] == 1, c.counts
