@@ -91,3 +91,52 @@ def cast_task(task: Any, precision: str) -> Any:
     if unchanged:
         return task
     return dataclasses.replace(task, model=task.model._replace(init_params=params), **changes)
+
+
+# ---------------------------------------------------------------------------------------------------- mixed precision
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+def _to_compute(tree: Any, dtype: Any) -> Any:
+    """Every float32 leaf of ``tree`` as ``dtype`` (integers, e.g. token ids, and float64 leaves unchanged)."""
+    return jax.tree_util.tree_map(
+        lambda a: a.astype(dtype) if hasattr(a, "dtype") and a.dtype == jnp.float32 else a, tree)
+
+
+def mixed_precision(model: Any, compute_dtype: str = "bfloat16") -> Any:
+    """``model`` with its *local training* computed in ``compute_dtype`` and float32 master weights.
+
+    Local training (:func:`asyncfl_jax.client.make_local_update`) calls the model's training-mode forward pass
+    ``train_apply``; the returned model's one is
+
+        logits = float32( f(bfloat16(params), bfloat16(x)) )
+
+    so every matmul and convolution of the forward and backward passes runs on bfloat16 operands (the accelerators'
+    fast path), while the flat parameter vector ``x``, the gradient (the transpose of the cast gives it back in
+    float32), the optimizer's update ``y_{k+1} = y_k - eta * g_k``, the uploaded delta, the server's state and the
+    loss (softmax cross-entropy of float32 logits) stay float32: the usual "bf16 compute, f32 master weights"
+    recipe. Evaluation (``apply_fn``) stays in float32, so test accuracies are not rounded by the option.
+
+    A model without a training mode gets one that ignores its dropout key (local training then derives a dropout key
+    per step, which draws nothing: the minibatches are the same as without the option). ``compute_dtype="float32"``
+    returns ``model`` itself (bit-identical runs).
+
+    Whether it is faster depends on the device: on an accelerator with bfloat16 matrix units (TPU, NVIDIA Ampere and
+    later) large matmuls run several times faster, on a CPU the casts often cost more than they save
+    (docs/benchmarks.md). Measure on your GPU (``scripts/bench_accelerator.py``, part ``mixed_precision``), and check
+    the accuracy of your task against a float32 run: bfloat16 keeps 8 bits of mantissa, so per-step gradients are
+    rounded to about 3 significant digits.
+    """
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype must be one of {list(COMPUTE_DTYPES)}, got {compute_dtype!r}")
+    if compute_dtype == "float32":
+        return model
+    dtype = jnp.dtype(compute_dtype)
+    inner_train = model.train_apply
+
+    def train_apply(params: Any, x: jax.Array, key: jax.Array) -> jax.Array:
+        params, x = _to_compute(params, dtype), _to_compute(x, dtype)
+        out = model.apply_fn(params, x) if inner_train is None else inner_train(params, x, key)
+        return out.astype(jnp.float32)
+
+    return model._replace(train_apply=train_apply, name=f"{model.name}[{compute_dtype} compute]")

@@ -51,8 +51,82 @@ SCHEDULE_FIELDS = ("init_clients", "init_slots", "dispatch_clients", "dispatch_s
 
 
 # ------------------------------------------------------------------------------------------------------------ models
-def make_torch_model(name: str, num_classes: int = 10) -> nn.Module:
-    """The engine's built-in models (``asyncfl_jax.models.flax_models``) in ``torch.nn``, for 28x28x1 inputs."""
+TORCH_MODELS = ("logreg", "mlp", "cnn", "ca2fl_cnn", "resnet18_gn")
+
+# Synthetic data of the papers' shapes: name -> (image shape HWC, classes, train examples, test examples).
+PAPER_SHAPES = {
+    "fashion_mnist": ((28, 28, 1), 10, 60000, 10000),
+    "femnist": ((28, 28, 1), 62, 60000, 10000),
+    "cifar10": ((32, 32, 3), 10, 50000, 10000),
+    "cifar100": ((32, 32, 3), 100, 50000, 10000),
+    "tiny_cifar": ((8, 8, 3), 10, 50000, 10000),  # the CPU smoke size of scripts/bench_accelerator.py --quick
+}
+
+
+def synthetic_images(shape_name: str, seed: int = 0, train: int | None = None,
+                     test: int | None = None) -> dict[str, np.ndarray]:
+    """Random images of one of :data:`PAPER_SHAPES` (NHWC float32 in [0, 1], int labels), the same arrays for the
+    same arguments in any process (NumPy's PCG64 from ``seed``): both sides of a benchmark build them alike."""
+    shape, classes, n_train, n_test = PAPER_SHAPES[shape_name]
+    n_train, n_test = n_train if train is None else train, n_test if test is None else test
+    rng = np.random.default_rng(seed)
+    return {"train_x": rng.random((n_train, *shape), dtype=np.float32),
+            "train_y": rng.integers(0, classes, n_train).astype(np.int32),
+            "test_x": rng.random((n_test, *shape), dtype=np.float32),
+            "test_y": rng.integers(0, classes, n_test).astype(np.int32), "num_classes": np.int64(classes)}
+
+
+class _BasicBlockGN(nn.Module):
+    """ResNet basic block with GroupNorm (``asyncfl_jax.models.paper_models._BasicBlockGN`` in ``torch.nn``)."""
+
+    def __init__(self, cin: int, cout: int, stride: int, groups: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.norm1 = nn.GroupNorm(groups, cout, eps=1e-5)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.norm2 = nn.GroupNorm(groups, cout, eps=1e-5)
+        self.shortcut = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, 0, bias=False),
+                                          nn.GroupNorm(groups, cout, eps=1e-5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.norm1(self.conv1(x)))
+        y = self.norm2(self.conv2(y))
+        return torch.relu(self.shortcut(x) + y)
+
+
+def resnet_gn(in_channels: int, num_classes: int, widths=(64, 128, 256, 512), stage_sizes=(2, 2, 2, 2),
+              groups: int = 2) -> nn.Module:
+    """``asyncfl_jax.models.paper_models.ResNet18GN`` in ``torch.nn``: CIFAR stem (3x3 conv, GroupNorm, ReLU, no
+    max-pool), four stages of basic blocks, global average pooling, FC (11,173,962 parameters for 10 classes)."""
+    layers = [nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False), nn.GroupNorm(groups, widths[0], eps=1e-5),
+              nn.ReLU()]
+    cin = widths[0]
+    for stage, (blocks, width) in enumerate(zip(stage_sizes, widths)):
+        for block in range(blocks):
+            layers.append(_BasicBlockGN(cin, width, 2 if stage > 0 and block == 0 else 1, groups))
+            cin = width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def make_torch_model(name: str, num_classes: int = 10, input_shape: tuple[int, int, int] = (28, 28, 1),
+                     **resnet: Any) -> nn.Module:
+    """The engine's models in ``torch.nn`` for ``input_shape`` (H, W, C) images: the built-in ``logreg``, ``mlp`` and
+    ``cnn`` (``asyncfl_jax.models.flax_models``), the CA2FL CIFAR CNN and ResNet-18 with GroupNorm
+    (``asyncfl_jax.models.paper_models``; ``resnet``: its ``widths`` / ``stage_sizes`` / ``groups``)."""
+    h, w, c = input_shape
+    if name == "ca2fl_cnn":
+        return nn.Sequential(
+            nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(64 * (h // 4) * (w // 4), 512), nn.ReLU(), nn.Linear(512, 128), nn.ReLU(),
+            nn.Linear(128, num_classes))
+    if name == "resnet18_gn":
+        return resnet_gn(c, num_classes, **resnet)
+    if (h, w, c) != (28, 28, 1):
+        raise ValueError(f"model {name!r} of this yardstick takes 28x28x1 images, got {input_shape}")
     if name == "logreg":
         return nn.Sequential(nn.Flatten(), nn.Linear(784, num_classes))
     if name == "mlp":
@@ -63,7 +137,7 @@ def make_torch_model(name: str, num_classes: int = 10) -> nn.Module:
             nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(), nn.Linear(64 * 7 * 7, 512), nn.ReLU(), nn.Linear(512, num_classes))
-    raise ValueError(f"unknown model {name!r}; choose from logreg, mlp, cnn")
+    raise ValueError(f"unknown model {name!r}; choose from {', '.join(TORCH_MODELS)}")
 
 
 # ------------------------------------------------------------------------------------------------------------ data
@@ -121,12 +195,17 @@ def local_job(global_model: nn.Module, client_model: nn.Module, data: tuple[torc
 
 
 @torch.no_grad()
-def apply_fedbuff(global_model: nn.Module, deltas: list[list[torch.Tensor]], server_lr: float) -> None:
-    """``x <- x + eta_g * mean_i Delta_i`` over the step's arrivals (FedBuff with constant staleness weights)."""
+def apply_fedbuff(global_model: nn.Module, deltas: list[list[torch.Tensor]], server_lr: float,
+                  count: int | None = None) -> None:
+    """``x <- x + eta_g * mean_i Delta_i`` over the step's arrivals (FedBuff with constant staleness weights).
+
+    ``count``: the number of arrivals when it exceeds ``len(deltas)``, the others' messages being zero (the initial
+    jobs of a run started from a zero state, ``run_fedbuff(initial_jobs=False)``)."""
+    count = len(deltas) if count is None else count
     if not deltas:
         return
     for p, *ds in zip(global_model.parameters(), *deltas):
-        p.add_(torch.stack(ds).mean(0), alpha=server_lr)
+        p.add_(torch.stack(ds).sum(0), alpha=server_lr / count)
 
 
 @torch.no_grad()
@@ -140,47 +219,70 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 20
 def run_fedbuff(model_name: str, clients: list[tuple[torch.Tensor, torch.Tensor]], schedule: dict[str, np.ndarray],
                 steps: int, warmup: int, local_steps: int, batch_size: int, lr: float, server_lr: float,
                 seed: int = 0, segments: int = 5,
-                initial_state: dict[str, torch.Tensor] | None = None) -> tuple[nn.Module, dict[str, Any]]:
+                initial_state: dict[str, torch.Tensor] | None = None, device: str = "cpu",
+                initial_jobs: bool = True, **model_args: Any) -> tuple[nn.Module, dict[str, Any]]:
     """The per-event loop over the first ``steps`` server steps; the first ``warmup`` steps are not timed.
 
-    ``initial_state``: a ``state_dict`` for ``x_0`` (default: PyTorch's initialization with ``seed``).
+    ``initial_state``: a ``state_dict`` for ``x_0`` (default: PyTorch's initialization with ``seed``). ``device``:
+    where the models and the clients' data live (``"cuda"``: the clock waits for the GPU at every segment's end).
+    ``initial_jobs=False``: the initial jobs are not trained and their messages are zero (a run from a zero state, as
+    the engine's ``zero_init`` benchmark runs; the steps then do the same work as from trained ones).
+    ``model_args``: :func:`make_torch_model`'s ``num_classes``, ``input_shape``, ResNet options.
     """
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    global_model, client_model = make_torch_model(model_name), make_torch_model(model_name)
+    global_model = make_torch_model(model_name, **model_args).to(device)
+    client_model = make_torch_model(model_name, **model_args).to(device)
     if initial_state is not None:
         global_model.load_state_dict(initial_state)
-    pending: dict[int, list[torch.Tensor]] = {}
+
+    def sync() -> None:
+        if str(device).startswith("cuda"):
+            torch.cuda.synchronize()
+
+    pending: dict[int, list[torch.Tensor] | None] = {}
+    t_start = time.perf_counter()
     for c, s in zip(schedule["init_clients"].tolist(), schedule["init_slots"].tolist()):
         if c >= 0:  # initial jobs from x_0
-            pending[s] = local_job(global_model, client_model, clients[c], local_steps, batch_size, lr, generator)
+            pending[s] = local_job(global_model, client_model, clients[c], local_steps, batch_size, lr,
+                                   generator) if initial_jobs else None
     arrivals = jobs = 0
+    total_arrivals = 0
     segment_rates: list[float] = []
     bounds = set(np.linspace(warmup, steps, min(segments, max(steps - warmup, 1)) + 1).astype(int).tolist()[1:])
     t0 = seg_t0 = time.perf_counter()
     seg_arrivals = 0
     for t in range(steps):
         if t == warmup:
+            sync()
             t0 = seg_t0 = time.perf_counter()
             arrivals = jobs = seg_arrivals = 0
         for c, s in zip(schedule["dispatch_clients"][t].tolist(), schedule["dispatch_slots"][t].tolist()):
             if c >= 0:  # 1. dispatch: train now from x_t, keep the message under its slot
                 pending[s] = local_job(global_model, client_model, clients[c], local_steps, batch_size, lr, generator)
                 jobs += 1
-        deltas = []
+        deltas, count = [], 0
         for c, s in zip(schedule["arrival_clients"][t].tolist(), schedule["arrival_slots"][t].tolist()):
-            if c >= 0:  # 2. arrival: the message of that slot
-                deltas.append(pending.pop(s))
+            if c >= 0:  # 2. arrival: the message of that slot (None: a zero message)
+                message = pending.pop(s)
+                if message is not None:
+                    deltas.append(message)
+                count += 1
                 arrivals += 1
-        apply_fedbuff(global_model, deltas, server_lr)
+                total_arrivals += 1
+        apply_fedbuff(global_model, deltas, server_lr, count)
         if t + 1 in bounds:
+            sync()
             now = time.perf_counter()
             segment_rates.append((arrivals - seg_arrivals) / (now - seg_t0))
             seg_t0, seg_arrivals = now, arrivals
-    seconds = time.perf_counter() - t0
+    sync()
+    end = time.perf_counter()
+    seconds = end - t0
     timed = steps - warmup
     return global_model, {
         "timed_steps": timed, "timed_arrivals": arrivals, "timed_jobs": jobs, "run_seconds": seconds,
+        "total_steps": steps, "total_arrivals": total_arrivals, "total_seconds": end - t_start,
         "updates_per_second": arrivals / seconds if seconds > 0 else float("nan"),
         "jobs_per_second": jobs / seconds if seconds > 0 else float("nan"),
         "best_segment_updates_per_second": max(segment_rates) if segment_rates else float("nan"),

@@ -81,3 +81,13 @@ def test_torch_loop_and_engine_reach_the_same_model(name):
     for i, layer in enumerate(_dense_layers(model, engine_x)):
         np.testing.assert_allclose(torch_params[2 * i], layer["kernel"].T, rtol=0, atol=2e-5)
         np.testing.assert_allclose(torch_params[2 * i + 1], layer["bias"], rtol=0, atol=2e-5)
+
+
+def test_torch_cifar_models_have_the_engines_parameter_counts():
+    """The yardstick's CA2FL CNN and ResNet-18-GN (``bench_torch.make_torch_model``) are the engine's models
+    (``paper_models.py``; their counts are checked there, tests/test_paper_models.py): same parameter counts, logits
+    of the right shape on a CIFAR batch."""
+    for name, expected in (("ca2fl_cnn", 2_218_314), ("resnet18_gn", 11_173_962)):
+        model = bench_torch.make_torch_model(name, 10, (32, 32, 3))
+        assert sum(p.numel() for p in model.parameters()) == expected
+        assert tuple(model(torch.zeros(2, 3, 32, 32)).shape) == (2, 10)

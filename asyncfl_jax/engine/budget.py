@@ -76,11 +76,16 @@ class MemoryBudget:
         return text
 
     def check(self, fraction: float = 0.9) -> None:
-        """Raises :class:`MemoryRefusal` (a ``MemoryError``; before compiling) when the state cannot fit the
-        device(s)."""
-        # The scan carry is double-buffered while a chunk runs: the state is counted twice.
+        """Raises :class:`MemoryRefusal` (a ``MemoryError``; before compiling) when the state and the data cannot
+        fit ``fraction`` of the device(s)' memory (:func:`device_memory_bytes`: the allocator's ``bytes_limit`` on an
+        accelerator).
+
+        The state is counted once: the host loop donates the carry to every chunk (``donate_argnums``), so XLA
+        updates it in place (the compiled chunk's outputs alias its inputs; ``tests/test_accelerator_path.py``
+        checks it for ACE's and CA2FL's ``n x d`` caches). What this cannot see (local training's activations, the
+        lookahead buffer) is checked on XLA's own analysis of the compiled chunk (:func:`check_compiled`)."""
         state = self.state_per_device
-        needed = 2 * state + self.data
+        needed = state + self.data
         where = "the device has"
         if self.devices > 1:
             where = f"each of the {self.devices} devices has"
@@ -88,7 +93,7 @@ class MemoryBudget:
                 needed, where = self.devices * needed, f"the {self.devices} devices share"
         if self.available and needed > fraction * self.available:
             raise MemoryRefusal(
-                f"this run needs about {_gib(needed)} (twice the simulation state of {_gib(state)}"
+                f"this run needs about {_gib(needed)} (the simulation state of {_gib(state)}"
                 f"{' per device' if self.devices > 1 else ''}, plus {_gib(self.data)} of data"
                 f"{' on each device' if self.devices > 1 else ''}) but {where} {_gib(self.available)}: use fewer "
                 "replicas or clients, a smaller per-client cache (an algorithm option cache='bfloat16' or 'int8'), "
