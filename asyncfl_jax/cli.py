@@ -288,6 +288,12 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
                            ("participants", args.participants)):
             if value is not None:
                 proto[key] = value
+        if args.protocol is not None:  # the fields the new protocol does not read go back to their defaults
+            from asyncfl_jax.option_rules import PROTOCOL_READS
+
+            for key in ("concurrency", "buffer_size", "refill", "participants"):
+                if key not in PROTOCOL_READS.get(args.protocol, ()) and getattr(args, key) is None:
+                    proto.pop(key, None)
         if args.steps is not None:
             run["steps"], run["arrivals"] = args.steps, None
         if args.arrivals is not None:
@@ -535,11 +541,15 @@ def _command(args: argparse.Namespace) -> int:
     if not args.print_config:  # compiled programs are reused by the next identical run (compile_cache.py)
         enable_compile_cache("off" if args.no_compile_cache else None)
     cfg = _resumed_config(args) if args.resume is not None else _config_from_args(args)
+    from asyncfl_jax.option_rules import check_config, explicit_from_cli
+
     if args.print_config:  # every option, defaults written out; dataset files need not exist yet
         validate(cfg, check_files=False)
+        check_config(cfg, explicit_from_cli(args))  # a flag given for runs that do not read it
         print(json.dumps(resolve(cfg).to_dict(), indent=2))
         return 0
     validate(cfg)
+    check_config(cfg, explicit_from_cli(args))
     cfg = resolve(cfg)
     if args.checkpoint_every < 1:
         raise ConfigError(f"invalid option --checkpoint-every = {args.checkpoint_every}: must be an integer >= 1")
