@@ -86,7 +86,7 @@ def fitted_ylim(curves: Sequence[Mapping[str, Any]], key: str = "uploads", tail_
     ``margin`` of the range on each side; None when nothing is finite."""
     lows, highs = [], []
     for c in curves:
-        x = np.asarray(c[key], dtype=np.float64)
+        x = np.asarray(c[key] if key in c else np.arange(len(c["mean"])), dtype=np.float64)
         if x.size == 0:
             continue
         start = x[0] + tail_start * (x[-1] - x[0])
@@ -113,27 +113,65 @@ def plot_comparison(histories: Sequence[Any], path: str | None = None, metric: s
     ``.pdf``; without a suffix both)."""
     if not histories:
         raise ValueError("plot_comparison needs at least one History")
-    unknown = [a for a in axes if a not in AXES]
-    if unknown or not axes:
-        raise ValueError(f"axes must be a non-empty list of {list(AXES)}, got {list(axes)!r}")
     if labels is not None and len(labels) != len(histories):
         raise ValueError(f"labels must name each of the {len(histories)} histories, got {len(labels)}")
-    import matplotlib
-
-    if path is not None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     curves = []
     for i, h in enumerate(histories):
         for c in method_curves(h, metric, band):
             if labels is not None:
                 c["label"] = labels[i] if c["label"] == h.label else f"{labels[i]} {c['label'][len(h.label) + 1:]}"
             curves.append(c)
+    return draw_curves(curves, path, axes=axes, band=band, title=title, ylim=ylim)
+
+
+def seed_curve(label: str, runs: Sequence[Mapping[str, Any]], y: str = "accuracy",
+               axes: Mapping[str, str] | None = None, band: str = "minmax") -> dict[str, Any]:
+    """The curve of one method from per-seed records (the reproductions' dicts: equal-length arrays ``y`` and the x
+    keys ``axes`` maps to, e.g. ``{"uploads": "uploads", "time": "times"}``), for :func:`draw_curves`: the mean over
+    the seeds with the band of ``band``; an x position is the mean over the seeds."""
+    if band not in BANDS:
+        raise ValueError(f"band must be one of {list(BANDS)}, got {band!r}")
+    if not runs:
+        raise ValueError(f"seed_curve {label!r}: no runs")
+    axes = dict(axes or {"uploads": "uploads", "time": "times"})
+    values = np.asarray([np.asarray(r[y], dtype=np.float64) for r in runs])
+    values = np.where(np.isfinite(values), values, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(values, axis=0)
+        if band == "std":
+            std = np.nanstd(values, axis=0)
+            lo, hi = mean - std, mean + std
+        else:
+            lo, hi = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
+    curve = {"label": label, "metric": y, "n": len(runs), "diverged": 0, "mean": mean, "lo": lo, "hi": hi}
+    curve.update({axis: np.mean([np.asarray(r[key], dtype=np.float64) for r in runs], axis=0)
+                  for axis, key in axes.items()})
+    return curve
+
+
+def draw_curves(curves: Sequence[dict[str, Any]], path: str | None = None, axes: Sequence[str] = DEFAULT_AXES,
+                band: str = "minmax", title: str | None = None, ylim: tuple[float, float] | None = None):
+    """The figure of :func:`plot_comparison` from curves (:func:`method_curves`, :func:`seed_curve`): one panel per
+    axis of ``axes`` that some curve has, a colour per curve kept across the panels, one legend below them, the
+    y-axis fitted (:func:`fitted_ylim`) unless ``ylim`` is given, ``title`` above. Returns the figure; with ``path``
+    it is also written (:func:`save_figure_files`)."""
+    unknown = [a for a in axes if a not in AXES]
+    if unknown or not axes:
+        raise ValueError(f"axes must be a non-empty list of {list(AXES)}, got {list(axes)!r}")
+    if band not in BANDS:
+        raise ValueError(f"band must be one of {list(BANDS)}, got {band!r}")
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    curves = [dict(c) for c in curves]
     _unique_labels(curves)
     shown = [a for a in axes if any(a in c for c in curves)]
     if not shown:
-        raise ValueError(f"no History has the axes {list(axes)}")
+        raise ValueError(f"no curve has the axes {list(axes)}")
     colours = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
     fig, panels = plt.subplots(1, len(shown), figsize=(4.6 * len(shown), 3.9), squeeze=False, layout="constrained")
     panels = panels[0]
@@ -142,13 +180,16 @@ def plot_comparison(histories: Sequence[Any], path: str | None = None, metric: s
         colour = colours[k % len(colours)]
         legend = f"{c['label']} ({c['n']} seed{'s' if c['n'] != 1 else ''}"
         legend += f", {c['diverged']} diverged)" if c["diverged"] else ")"
+        handle = None
         for ax, key in zip(panels, shown):
             if key not in c:
                 continue
             (line,) = ax.plot(c[key], c["mean"], color=colour, lw=1.6, label=legend)
+            handle = handle or line
             if c["n"] > 1:
                 ax.fill_between(c[key], c["lo"], c["hi"], color=colour, alpha=0.2, lw=0)
-        handles.append(line)
+        if handle is not None:
+            handles.append(handle)
     metrics = sorted({c["metric"] for c in curves})
     ylabel = " / ".join(metrics).replace("_", " ")
     limits = ylim if ylim is not None else fitted_ylim(curves, key=shown[0])
@@ -265,3 +306,4 @@ def _write_atomic(path: str, data: bytes) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
