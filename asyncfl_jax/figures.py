@@ -218,17 +218,21 @@ def _unique_labels(curves: list[dict[str, Any]]) -> None:
             c["label"] = f"{c['label']} [{count}]"
 
 
+OTHER_IMAGE_SUFFIXES = (".svg", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".gif", ".webp", ".bmp")
+"""Image formats a figure is not written in (refused rather than written as PNG under that name)."""
+
+
 def save_figure_files(fig: Any, path: str, dpi: int = 150) -> list[str]:
-    """Writes ``fig`` atomically as ``path`` (format from its suffix, ``.png`` or ``.pdf``), or, when ``path`` has
-    no suffix, as ``path.png`` and ``path.pdf``; closes the figure; returns the paths written."""
+    """Writes ``fig`` atomically as ``path`` when it ends in ``.png`` or ``.pdf``, else as ``path.png`` and
+    ``path.pdf`` (another image suffix, e.g. ``.svg``, is refused); closes the figure; returns the paths written."""
     import io
 
     import matplotlib.pyplot as plt
 
-    stem, suffix = os.path.splitext(path)
-    if suffix.lower() not in ("", ".png", ".pdf"):
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix in OTHER_IMAGE_SUFFIXES:
         raise ValueError(f"a figure is written as .png or .pdf (or both, without a suffix), got {path!r}")
-    targets = [path] if suffix else [f"{stem}.png", f"{stem}.pdf"]
+    targets = [path] if suffix in (".png", ".pdf") else [f"{path}.png", f"{path}.pdf"]
     for target in targets:
         buf = io.BytesIO()
         fig.savefig(buf, format=os.path.splitext(target)[1][1:].lower(), dpi=dpi)

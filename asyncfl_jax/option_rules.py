@@ -12,7 +12,9 @@ An option *set* for a run that does not read it is an error naming the option, t
   it; AsyncFedED sets each job's steps itself; AREA's decreasing step size replaces ``client_lr``);
 * a hyper-parameter in a run's ``hparams`` is refused when that run does not read it (the same rule; hyper-parameters
   an algorithm does not know at all are refused by :func:`asyncfl_jax.engine.resolve_hparams`, algorithm options by
-  the algorithm's constructor).
+  the algorithm's constructor);
+* an algorithm option that its other options make unread (:func:`unread_options`: ``cache_rounding`` with a float
+  cache, AsyncFedED's ``min_steps``/``rounding`` without adaptive steps) is refused when it is not its default.
 
 "Set" means: given on the command line (``--concurrency 20`` for ACE is refused even though 20 is the default), or,
 in a configuration file, holding a value other than the default (a resolved ``config.json`` writes every field, and
@@ -90,10 +92,32 @@ def unread_local(algorithm: Any) -> dict[str, str]:
                "min_steps, max_steps)")
         out["local.steps"] = why
         out["local.epochs"] = why
+    if algorithm.options.get("adaptive_steps") is False:
+        why = f"{algorithm.name} with adaptive_steps = false keeps every job at initial_steps (no step-count update)"
+        out["target_staleness"] = why
+        out["kappa"] = why
     if algorithm.options.get("lr_schedule") == "decreasing":
         why = f"{algorithm.name}'s decreasing step size lr_c / (k + lr_d) replaces the client learning rate"
         out["local.lr"] = why
         out["client_lr"] = why
+    return out
+
+
+def unread_options(algorithm: Any) -> dict[str, str]:
+    """The algorithm options ``algorithm`` was built with but does not read, given its other options -> why:
+    ``cache_rounding`` and ``quantize_fresh`` with a float32 cache (rounding applies to the int caches; the fresh
+    term's ``Q`` is then the identity), AsyncFedED's ``min_steps`` and ``rounding`` with ``adaptive_steps`` off."""
+    o = algorithm.options
+    out: dict[str, str] = {}
+    cache = o.get("cache")
+    if isinstance(cache, str) and not cache.startswith("int"):
+        out["cache_rounding"] = f"cache_rounding applies to the int caches, not to cache = {cache!r}"
+        if cache == "float32":
+            out["quantize_fresh"] = "with cache = 'float32' the cache stores the values as they are (Q is the identity)"
+    if o.get("adaptive_steps") is False:
+        why = "with adaptive_steps = false every job runs initial_steps local steps"
+        out["min_steps"] = why
+        out["rounding"] = why
     return out
 
 
@@ -118,9 +142,14 @@ def check_config(cfg: Any, explicit: Iterable[str] = ()) -> None:
             if _is_set(key, getattr(run.protocol, field), getattr(proto_defaults, field), explicit):
                 raise UnreadOption(_message(key, getattr(run.protocol, field), f"runs[{i}] ({run.name})", why,
                                             "leave it out or choose a protocol that reads it"))
+        defaults = get_algorithm(run.algorithm).options
+        for name, why in unread_options(algorithm).items():
+            if name in run.options and run.options[name] != defaults.get(name):
+                raise UnreadOption(f"invalid option runs[{i}].options.{name} = {run.options[name]!r}: not read by "
+                                   f"runs[{i}] ({run.name}): {why}; remove it")
         unread = unread_local(algorithm)
-        for name in run.hparams:
-            if name in unread:
+        for name in run.hparams:  # an algorithm's own hyper-parameter at its default is what a resolved config holds
+            if name in unread and run.hparams[name] != algorithm.hyperparams.get(name, object()):
                 raise UnreadOption(f"invalid option runs[{i}].hparams.{name} = {run.hparams[name]!r}: {unread[name]}; "
                                    "remove it")
     for key in ("steps", "epochs", "lr", "momentum"):

@@ -8,7 +8,8 @@ import os
 from typing import Sequence
 
 from asyncfl_jax.errors import InputError
-from asyncfl_jax.figures import AXES, DEFAULT_AXES, plot_comparison, run_settings, save_figure_files, setting_title
+from asyncfl_jax.figures import (AXES, DEFAULT_AXES, OTHER_IMAGE_SUFFIXES, plot_comparison, run_settings,
+                                 save_figure_files, setting_title)
 from asyncfl_jax.results import load_results
 
 
@@ -23,7 +24,7 @@ def plot_folders(folders: Sequence[str], out: str, metric: str | None = None, ba
     bad = [a for a in axes if a not in AXES]
     if bad or not axes:
         raise InputError(f"invalid option --axes = {','.join(axes)!r}: each must be one of {list(AXES)}")
-    if os.path.splitext(out)[1].lower() not in ("", ".png", ".pdf"):
+    if os.path.splitext(out)[1].lower() in OTHER_IMAGE_SUFFIXES:
         raise InputError(f"invalid option --out = {out!r}: a figure is FIG.png or FIG.pdf (or FIG: both)")
     histories, labels, settings, owners = [], [], [], []
     for k, folder in enumerate(folders):

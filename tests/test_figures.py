@@ -39,6 +39,9 @@ TINY = ["--set", "data.num_clients=20", "--set", "data.synthetic_max_samples=60"
       "--refill", "immediate", "--buffer-size", "5", "--steps", "3"], "a server clock"),
     (["--algorithm", "ace", "--staleness", "hinge"], "staleness"),
     (["--algorithm", "ace", "--set", "local.steps=10"], "local.steps = 10"),  # the default value, given explicitly
+    (["--algorithm", "ace", "--option", "cache_rounding=nearest"], "applies to the int caches"),
+    (["--algorithm", "asyncfeded", "--option", "adaptive_steps=false", "--option", "min_steps=2"], "options.min_steps"),
+    (["--algorithm", "asyncfeded", "--option", "adaptive_steps=false", "--hparam", "kappa=2"], "hparams.kappa"),
 ])
 def test_an_option_that_would_be_ignored_is_refused_before_anything_runs(tmp_path, capsys, argv, expected):
     out = tmp_path / "out"
@@ -79,6 +82,22 @@ def test_from_python_a_sweep_or_setting_that_would_be_ignored_is_refused():
 ])
 def test_legitimate_combinations_are_accepted(capsys, argv):
     assert cli.main(["run", *TINY, *argv, "--print-config"]) == 0, capsys.readouterr().err
+
+
+def test_every_resolved_configuration_is_accepted_again():
+    """What ``config.json`` holds (every default written out) and ``--resume`` reads back sets nothing unread."""
+    from asyncfl_jax.algorithms import REGISTRY
+    from asyncfl_jax.cli import config_from_argv
+    from asyncfl_jax.config import resolve
+    from asyncfl_jax.presets import PRESETS
+
+    cases = [["--algorithm", a] for a in sorted(REGISTRY)] + [["--preset", p] for p in PRESETS] + [
+        [], ["--algorithm", "asyncfeded", "--option", "adaptive_steps=false"],
+        ["--algorithm", "area", "--option", "lr_schedule=decreasing"]]
+    for argv in cases:
+        cfg = config_from_argv(argv)
+        validate(cfg, check_files=False)
+        validate(ExperimentConfig.from_dict(json.loads(json.dumps(resolve(cfg).to_dict()))), check_files=False)
 
 
 # ---------------------------------------------------------------------------------------------- figures
