@@ -54,9 +54,6 @@ _WHY_PROTOCOL = {
     "concurrent": "protocol 'concurrent' keeps protocol.concurrency clients in flight",
 }
 
-LOCAL_HPARAM_OF = {"lr": "client_lr", "momentum": "momentum", "weight_decay": "weight_decay"}
-"""``local.<key>`` -> the hyper-parameter it sets."""
-
 MATCHING_VALUE = {("gradient", "local.steps"): 1}
 """(upload kind, option) -> the one value that states what the algorithm does and is therefore accepted although
 not read: ``local.steps = 1`` for a gradient upload (one minibatch gradient is one local step)."""
@@ -134,10 +131,9 @@ def check_config(cfg: Any, explicit: Iterable[str] = ()) -> None:
     local_defaults = type(cfg.local)()
     algorithms = [get_algorithm(run.algorithm, **run.options) for run in cfg.runs]
     for i, (run, algorithm) in enumerate(zip(cfg.runs, algorithms)):
-        if run.schedule_files is not None:
-            continue  # a replayed schedule reads no protocol option
         proto_defaults = type(run.protocol)()
-        for field, why in protocol_unread(run.protocol).items():
+        replayed = run.schedule_files is not None  # a replayed schedule reads no protocol option (documented)
+        for field, why in ({} if replayed else protocol_unread(run.protocol)).items():
             key = f"protocol.{field}"
             if _is_set(key, getattr(run.protocol, field), getattr(proto_defaults, field), explicit):
                 raise UnreadOption(_message(key, getattr(run.protocol, field), f"runs[{i}] ({run.name})", why,
