@@ -179,3 +179,30 @@ def test_a_run_folder_its_figure_and_asyncfl_plot(tmp_path, capsys):
     assert "not a finished results folder" in capsys.readouterr().err
     assert cli.main(["plot", str(out), "--out", str(tmp_path / "x.svg")]) == 2
     assert cli.main(["plot", str(out), "--out", str(tmp_path / "x.png"), "--metric", "nonsense"]) == 2
+
+
+def test_local_steps_of_every_kind_of_job():
+    """``local_steps_at``: K per upload, one per gradient upload, each job's own K under the event clock, and
+    ``K_i = min(K, ceil(epochs ceil(n_i / B)))`` of the arriving clients with local.epochs."""
+    from types import SimpleNamespace
+
+    from asyncfl_jax.engine.history import local_steps_at
+
+    schedule = make_schedule("concurrent", 4, 6, DelayModel(), seed=0, concurrency=2, buffer_size=1,
+                             refill="immediate")
+    steps = np.array([0, 3, 6])
+    uploads = np.concatenate([[0], np.cumsum(schedule.uploads_per_step)])[steps]
+    train = SimpleNamespace(counts=np.array([10, 20, 30, 40]))
+
+    def run(upload="delta", **local):
+        return SimpleNamespace(algorithm=SimpleNamespace(upload=upload), task=SimpleNamespace(train=train),
+                               local=LocalConfig(batch_size=8, **local))
+
+    np.testing.assert_array_equal(local_steps_at(run(steps=3), [schedule], steps, None, 0)[0], 3.0 * uploads)
+    np.testing.assert_array_equal(local_steps_at(run("gradient"), [schedule], steps, None, 4)[0], uploads + 4)
+    job_steps = np.array([[5, 1, 2, 7, 3, 4]])
+    np.testing.assert_array_equal(local_steps_at(run(), [schedule], steps, job_steps, 0)[0], [0, 8, 22])
+    per_client = np.minimum(np.ceil(1.0 * np.ceil(train.counts / 8)), 4)  # K_i = 2, 3, 4, 4
+    arrived = [per_client[row[row >= 0]].sum() for row in schedule.arrival_clients]
+    expected = np.concatenate([[0], np.cumsum(arrived)])[steps]
+    np.testing.assert_array_equal(local_steps_at(run(steps=4, epochs=1.0), [schedule], steps, None, 0)[0], expected)

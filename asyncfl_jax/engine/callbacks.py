@@ -29,6 +29,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from asyncfl_jax import checkpoint
+from asyncfl_jax.engine.history import progress_axes as run_progress_axes
 from asyncfl_jax.results import headline_metric, lower_is_better, point_name, swept_names
 
 
@@ -231,13 +232,9 @@ def _alive(carry: Any) -> bool:
 def progress_axes(update: Any) -> dict[str, np.ndarray]:
     """Where every replica stands at this evaluation on the axes that compare runs with different steps: ``time``
     (virtual time), ``uploads`` (client results received) and ``local_steps`` (local steps trained for them;
-    :attr:`~asyncfl_jax.results.History.local_steps`), each float [R], read from the History so far (the same values
-    as in ``metrics.csv``)."""
-    history = update.history()
-    e = int(np.searchsorted(history.steps, update.step))
-    e = min(e, len(history.steps) - 1)
-    local = history.local_steps if history.local_steps is not None else np.full(history.uploads.shape, np.nan)
-    return {"time": history.times[:, e], "uploads": history.uploads[:, e], "local_steps": local[:, e]}
+    :attr:`~asyncfl_jax.results.History.local_steps`), each float [R]: the values the History and ``metrics.csv``
+    hold for this evaluation (:func:`asyncfl_jax.engine.history.progress_axes`)."""
+    return run_progress_axes(update.loop.run_spec, update.loop.state)
 
 
 def _rows(update: Any) -> list[dict[str, Any]]:

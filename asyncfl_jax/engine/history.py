@@ -75,6 +75,21 @@ def _make_history(run: Any, state: checkpoint.LoopState) -> History:
     )
 
 
+def progress_axes(run: Any, state: checkpoint.LoopState) -> dict[str, np.ndarray]:
+    """Where every replica stands at the last evaluation of ``state`` on the axes that compare runs with different
+    uploads per step: ``time`` (virtual), ``uploads`` and ``local_steps`` (:func:`local_steps_at`), each float [R];
+    the History's values, without building the whole History (no parameters copied, no schedule statistics)."""
+    with precision_scope(run.precision):
+        last = np.asarray(state.eval_steps)[-1:]
+        traces = {k: v for k, v in state.traces.items() if not is_trajectory_entry(k)}
+        realized = run.timeline.realized(traces, state.carry, int(last[0]))
+        init_uploads = run.task.num_clients if run.algorithm.init_round is not None else 0
+        job_steps = run.timeline.job_steps(traces, int(last[0]))
+        return {"time": np.stack([_times_at(s, last) for s in realized])[:, 0],
+                "uploads": np.stack([_uploads_at(s, last) + init_uploads for s in realized])[:, 0],
+                "local_steps": local_steps_at(run, realized, last, job_steps, init_uploads)[:, 0]}
+
+
 def _times_at(schedule: Schedule, steps: np.ndarray) -> np.ndarray:
     """Virtual time after ``steps`` server steps (the initial time for 0)."""
     times = np.concatenate([[schedule.init_time], schedule.step_times])
