@@ -549,7 +549,8 @@ def _history_from_files(entry: dict[str, Any], rows: list[dict[str, str]], path:
         compile_seconds=float(entry["compile_seconds"]), run_seconds=float(entry["run_seconds"]),
         memory=entry.get("memory"), message_bits=entry.get("message_bits"), lookahead=entry.get("lookahead"),
         precision=entry.get("precision", "float32"),
-        local_steps=table("local_steps", np.float64) if "local_steps" in rows[0] else None)
+        local_steps=(table("local_steps", np.float64)
+                     if all(row.get("local_steps") not in (None, "") for row in rows) else None))
 
 
 def _same_values(saved: History, rebuilt: History) -> bool:
