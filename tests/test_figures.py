@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import json
 
-import matplotlib
 import numpy as np
 import pytest
 
-matplotlib.use("Agg")
-
-from asyncfl_jax import LocalConfig, cli, load_results, make_model, make_schedule, make_task, simulate  # noqa: E402
-from asyncfl_jax.algorithms import ace  # noqa: E402
-from asyncfl_jax.config import ConfigError, ExperimentConfig, validate  # noqa: E402
-from asyncfl_jax.data import synthetic_leaf  # noqa: E402
-from asyncfl_jax.figures import fitted_ylim, method_curves, plot_comparison, setting_title  # noqa: E402
-from asyncfl_jax.results import History  # noqa: E402
-from asyncfl_jax.timing import DelayModel  # noqa: E402
+from asyncfl_jax import LocalConfig, cli, load_results, make_model, make_schedule, make_task, simulate
+from asyncfl_jax.algorithms import ace
+from asyncfl_jax.config import ConfigError, ExperimentConfig, validate
+from asyncfl_jax.data import synthetic_leaf
+from asyncfl_jax.figures import fitted_ylim, method_curves, plot_comparison, setting_title
+from asyncfl_jax.results import History
+from asyncfl_jax.timing import DelayModel
 
 TINY = ["--set", "data.num_clients=20", "--set", "data.synthetic_max_samples=60", "--model", "logreg",
         "--set", "eval_points=2", "--no-progress", "--no-checkpoint"]
