@@ -204,7 +204,17 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="record the flat global model x_t at every server step (small runs) and write it to "
                         "trajectory/<run>.npz in the results folder (array [replicas, steps + 1, d])")
 
-    sub.add_parser("algorithms", help="list the algorithms with their options and hyper-parameters")
+    plot = sub.add_parser("plot", help="draw the runs of one or more results folders in one figure (PNG and PDF)")
+    plot.add_argument("folders", nargs="+", metavar="RUN_DIR", help="results folders written by asyncfl run")
+    plot.add_argument("--out", required=True, metavar="FIG",
+                      help="figure file: FIG.png or FIG.pdf, or both when FIG has no suffix")
+    plot.add_argument("--metric", help="metric to draw (default: test_accuracy, else the first loss)")
+    plot.add_argument("--band", choices=["minmax", "std"], default="minmax",
+                      help="band over seeds: min-max (default) or mean ± std")
+    plot.add_argument("--axes", default="uploads,time,local_steps",
+                      help="x axes, one panel each: uploads, time, local_steps, step (default: uploads,time,local_steps)")
+    plot.add_argument("--title", help="title (default: the setting read from the folders' config.json)")
+    plot.add_argument("--debug", action="store_true", help="on an error, also print the Python traceback")
     sub.add_parser("presets", help="list the papers' selected settings usable with `asyncfl run --preset`")
     return parser
 
@@ -301,6 +311,12 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
                            ("participants", args.participants)):
             if value is not None:
                 proto[key] = value
+        if args.protocol is not None:  # the fields the new protocol does not read go back to their defaults
+            from asyncfl_jax.option_rules import PROTOCOL_READS
+
+            for key in ("concurrency", "buffer_size", "refill", "participants"):
+                if key not in PROTOCOL_READS.get(args.protocol, ()) and getattr(args, key) is None:
+                    proto.pop(key, None)
         if args.steps is not None:
             run["steps"], run["arrivals"] = args.steps, None
         if args.arrivals is not None:
@@ -570,6 +586,13 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "algorithms":
         _print_algorithms()
         return 0
+    if args.command == "plot":
+        from asyncfl_jax.plotting import plot_folders
+
+        for path in plot_folders(args.folders, args.out, metric=args.metric, band=args.band,
+                                 axes=[a.strip() for a in args.axes.split(",") if a.strip()], title=args.title):
+            print(f"asyncfl: wrote {path}")
+        return 0
     try:  # before anything touches a JAX device
         from asyncfl_jax.distributed import initialize_from_options
 
@@ -579,11 +602,15 @@ def _command(args: argparse.Namespace) -> int:
     if not args.print_config:  # compiled programs are reused by the next identical run (compile_cache.py)
         enable_compile_cache("off" if args.no_compile_cache else None)
     cfg = _resumed_config(args) if args.resume is not None else _config_from_args(args)
+    from asyncfl_jax.option_rules import check_config, explicit_from_cli
+
     if args.print_config:  # every option, defaults written out; dataset files need not exist yet
         validate(cfg, check_files=False)
+        check_config(cfg, explicit_from_cli(args))  # a flag given for runs that do not read it
         print(json.dumps(resolve(cfg).to_dict(), indent=2))
         return 0
     validate(cfg)
+    check_config(cfg, explicit_from_cli(args))
     cfg = resolve(cfg)
     if args.checkpoint_every < 1:
         raise ConfigError(f"invalid option --checkpoint-every = {args.checkpoint_every}: must be an integer >= 1")

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from asyncfl_jax.algorithms import REGISTRY, get_algorithm
 from asyncfl_jax.algorithms.defaults import EVAL_POINTS, RUN_DEFAULTS, eval_every_for
 from asyncfl_jax.errors import InputError
+from asyncfl_jax.option_rules import UnreadOption, check_config
 from asyncfl_jax.precision import PRECISIONS
 from asyncfl_jax.timing.delays import DelayModel
 from asyncfl_jax.timing.traces import check_trace_config, is_trace_config, trace_from_config
@@ -643,6 +644,10 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     labels = [r.name for r in cfg.runs]
     if len(set(labels)) != len(labels):
         _fail("runs", labels, "run labels must be unique (set runs[i].label)")
+    try:
+        check_config(cfg)  # an option set for runs that do not read it
+    except UnreadOption as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_leaf_files(name: str, path: str | None) -> None:

@@ -6,10 +6,11 @@ Results schema (one output folder per ``asyncfl run``):
 * ``environment.json``: what produced the results: versions of Python, asyncfl_jax, jax, jaxlib, flax, optax and
   numpy, the JAX backend, the device kinds and count, the operating system, and the resolved configuration.
 * ``metrics.csv``: one row per (run, replica, evaluation) with columns
-  ``run, algorithm, replica, seed, <swept hyper-parameters...>, point, step, time, uploads, <metrics...>,
+  ``run, algorithm, replica, seed, <swept hyper-parameters...>, point, step, time, uploads, local_steps, <metrics...>,
   diverged_at``. ``point`` numbers the replica's hyper-parameter point within its run (0, 1, ... in first-seen
   order; the swept columns name it), ``step`` is the number of server steps applied, ``time`` the virtual time,
-  ``uploads`` the number of client results the server has received; the metrics are every name of
+  ``uploads`` the number of client results the server has received, ``local_steps`` the local steps (minibatch
+  gradients) the clients trained for them (:attr:`History.local_steps`); the metrics are every name of
   ``History.metrics`` (e.g. ``test_accuracy, test_loss, train_loss``); ``diverged_at`` is the server step at which
   the replica's model became NaN/inf (-1: never; a diverged replica's later rows hold its frozen, non-finite values).
 * ``summary.json``: per run: algorithm and options, ``metric`` (the headline metric: ``test_accuracy`` when the task
@@ -28,9 +29,10 @@ Results schema (one output folder per ``asyncfl run``):
   ``seeds``, ``client_ids`` and each per-client metric (``client_accuracy``, ``client_loss``) as float [R, E, C]
   (:func:`write_client_metrics`); their summaries (``client_accuracy_mean``, ``client_accuracy_worst10``, ...) are
   columns of ``metrics.csv``, as are ``val_accuracy`` and ``val_loss`` with a validation split.
-* ``accuracy.png``: the headline metric against virtual time, server step and client uploads: one line per (run,
-  hyper-parameter point), the mean over its non-diverged seeds with a min-max band over them; a diverged replica is
-  left out of both and marked by a dotted vertical line at its divergence step.
+* ``accuracy.png``: the headline metric against client uploads, virtual time and local steps trained
+  (:func:`plot_accuracy`): one line per (run, hyper-parameter point) with a colour of its own in every panel, the
+  mean over its non-diverged seeds with a min-max band over them, one legend, the y-axis fitted to the data and
+  the setting in the title (:mod:`asyncfl_jax.figures`).
 
 :func:`load_results` reads a folder back into Histories (see its docstring for what is not recoverable).
 
@@ -181,6 +183,10 @@ class History:
         each evaluated client's metric on its own test examples at every evaluation; None otherwise.
       client_ids: int [C], the ids of the evaluated clients (the last axis of ``client_metrics``); None otherwise.
       precision: the run's float precision, ``"float32"`` or ``"float64"`` (:mod:`asyncfl_jax.precision`).
+      local_steps: float [R, E] the local steps (minibatch gradients) clients trained for the uploads received by
+        each evaluation (one per upload for gradient uploads, ``local.steps`` per upload otherwise, the job's own
+        count under the event clock or with ``local.epochs``; :func:`~asyncfl_jax.engine.history.local_steps_at`);
+        the client-computation axis of the figures. None for a History from older files.
       trajectory: with ``simulate(..., trajectory=...)``, the record of the global model at every server step: an
         array ``[R, T + 1, ...]`` (or a pytree of them, as the record function returns), ``[:, t]`` being the record
         of ``x_t`` (``t = 0``: the initial model, after the initialization round); None otherwise. Not in the
@@ -212,6 +218,7 @@ class History:
     client_ids: np.ndarray | None = None
     precision: str = "float32"
     trajectory: Any = None
+    local_steps: np.ndarray | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -333,6 +340,8 @@ class History:
                 row.update({k: self.hparams[r][k] for k in swept})
                 row.update({"point": int(points[r]), "step": int(step), "time": float(self.times[r, e]),
                             "uploads": int(self.uploads[r, e])})
+                if self.local_steps is not None:
+                    row["local_steps"] = float(self.local_steps[r, e])
                 row.update({m: float(v[r, e]) for m, v in self.metrics.items()})
                 row["diverged_at"] = int(self.diverged_at[r])
                 out.append(row)
@@ -470,7 +479,8 @@ def histories_dataframe(histories: Sequence[History]) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------- loading
-_ROW_KEYS = ("run", "algorithm", "replica", "seed", "point", "step", "time", "uploads", "diverged_at")
+_ROW_KEYS = ("run", "algorithm", "replica", "seed", "point", "step", "time", "uploads", "local_steps",
+             "diverged_at")
 
 
 def load_results(folder: str) -> list[History]:
@@ -538,7 +548,9 @@ def _history_from_files(entry: dict[str, Any], rows: list[dict[str, str]], path:
         num_steps=int(entry["num_steps"]), stopped_early=bool(entry["stopped_early"]),
         compile_seconds=float(entry["compile_seconds"]), run_seconds=float(entry["run_seconds"]),
         memory=entry.get("memory"), message_bits=entry.get("message_bits"), lookahead=entry.get("lookahead"),
-        precision=entry.get("precision", "float32"))
+        precision=entry.get("precision", "float32"),
+        local_steps=(table("local_steps", np.float64)
+                     if all(row.get("local_steps") not in (None, "") for row in rows) else None))
 
 
 def _same_values(saved: History, rebuilt: History) -> bool:
@@ -577,8 +589,13 @@ def write_results(out_dir: str, config: dict[str, Any], histories: Sequence[Hist
     write_atomic(paths["summary"], json.dumps(summary, indent=2) + "\n")
     written = list(paths.values())
     if plot:
+        from asyncfl_jax.figures import run_settings, setting_title
+
         png = os.path.join(out_dir, "accuracy.png")
-        plot_accuracy(histories, png)
+        protocols = run_settings(config)
+        plot_accuracy(histories, png, title=setting_title(config),
+                      labels=[f"{h.label} ({protocols[h.label]})" if h.label in protocols else h.label
+                              for h in histories])
         written.append(png)
     return written
 
@@ -814,46 +831,17 @@ def point_curves(history: History, metric: str | None = None) -> list[dict[str, 
     return out
 
 
-def plot_accuracy(histories: Sequence[History], path: str | None = None, metric: str | None = None):
-    """Three panels: ``metric`` (default: each History's :attr:`~History.headline`, ``test_accuracy`` when present)
-    against virtual time, server step and client uploads.
+def plot_accuracy(histories: Sequence[History], path: str | None = None, metric: str | None = None,
+                  title: str | None = None, band: str = "minmax", axes: Sequence[str] | None = None,
+                  labels: Sequence[str] | None = None):
+    """The figure comparing the methods of ``histories`` (one or several runs, of one or several results folders):
+    ``metric`` (default: each History's :attr:`~History.headline`) against client uploads, virtual time and local
+    steps trained, one panel each; one line per (run, hyper-parameter point) with a band over its non-diverged seeds
+    (``band``: ``"minmax"``, the default, or ``"std"`` = mean ± std), a colour per method kept across the panels, one legend for
+    the figure, the y-axis fitted to the data, ``title`` (e.g. :func:`asyncfl_jax.figures.setting_title` of the
+    configuration) above. See :func:`asyncfl_jax.figures.plot_comparison`. Returns the matplotlib figure; with
+    ``path`` it is also saved (atomically): ``.png``, ``.pdf``, or both when ``path`` has no suffix."""
+    from asyncfl_jax.figures import DEFAULT_AXES, plot_comparison
 
-    One line per (run, hyper-parameter point): the mean over the point's seeds that did not diverge, with a min-max
-    band over those seeds (drawn when there are at least two); a diverged replica is left out of the mean and the
-    band, and a dotted vertical line of the point's colour marks the step where it diverged (the legend counts the
-    seeds averaged and the diverged ones). Returns the matplotlib figure; with ``path`` it is also saved (atomically)
-    as PNG.
-    """
-    import matplotlib
-
-    if path is not None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
-    names = set()
-    for h in histories:
-        chosen = h._metric(metric)
-        names.add(chosen)
-        for curve in point_curves(h, chosen):
-            label = f"{curve['label']} (n={curve['n']}"
-            label += f", {len(curve['diverged'])} diverged)" if curve["diverged"] else ")"
-            for ax, key in zip(axes, ("time", "step", "uploads")):
-                x = curve[key]
-                (line,) = ax.plot(x, curve["mean"], label=label)
-                if curve["n"] > 1:
-                    ax.fill_between(x, curve["lo"], curve["hi"], color=line.get_color(), alpha=0.2)
-                for _, d in curve["diverged"]:  # dotted line where a replica diverged
-                    e = min(int(np.searchsorted(curve["step"], d)), len(curve["step"]) - 1)
-                    ax.axvline(x[e], color=line.get_color(), ls=":", lw=1)
-    label = " / ".join(sorted(names)).replace("_", " ")
-    for ax, xlabel in zip(axes, ("virtual time", "server step", "client uploads")):
-        ax.set(xlabel=xlabel, ylabel=label, title=f"{label} vs {xlabel}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    if path is not None:
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=110)
-        write_atomic(path, buf.getvalue())
-        plt.close(fig)
-    return fig
+    return plot_comparison(histories, path, metric=metric, axes=tuple(axes or DEFAULT_AXES), band=band, title=title,
+                           labels=labels)

@@ -60,8 +60,13 @@ def test_csv_and_json_lines_writers(schedule, tmp_path):
                            callbacks=[CSVLogger(str(csv_path)), JSONLinesLogger(str(jsonl_path))])
     rows = list(csv.DictReader(open(csv_path)))
     assert len(rows) == 3 * 4  # 3 evaluations after chunks x 4 replicas
-    assert set(rows[0]) >= {"run", "step", "replica", "seed", "client_lr", "test_accuracy", "test_loss", "diverged"}
+    assert set(rows[0]) >= {"run", "step", "replica", "seed", "client_lr", "test_accuracy", "test_loss", "diverged",
+                            "time", "uploads", "local_steps"}
     last = [r for r in rows if r["step"] == "30"]
+    # the axes that compare runs of different uploads per step, as in the History (local steps: K = 2 per upload)
+    np.testing.assert_allclose([float(r["time"]) for r in last], history.times[:, -1], rtol=1e-9)
+    assert [int(r["uploads"]) for r in last] == list(history.uploads[:, -1])
+    assert [float(r["local_steps"]) for r in last] == list(2.0 * history.uploads[:, -1])
     np.testing.assert_allclose([float(r["test_loss"]) for r in last], history.metrics["test_loss"][:, -1], rtol=1e-6)
     assert (history.diverged_at[[1, 3]] >= 0).all() and (history.diverged_at[[0, 2]] < 0).all()
     assert [int(r["seed"]) for r in last] == [0, 0, 1, 1]

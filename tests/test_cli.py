@@ -193,7 +193,11 @@ def test_bad_schedule_file_is_rejected(tmp_path, capsys):
                                                ("delay_adaptive_asgd", [])])
 def test_run_a_bias_correcting_algorithm_with_options(tmp_path, algorithm, options):
     out = tmp_path / "run"
-    assert cli.main(["run", "--out", str(out), *SMALL, "--no-plot", "--algorithm", algorithm, *options]) == 0
+    small = SMALL
+    if algorithm != "area":  # gradient uploads train no local steps: local.steps would be refused, not ignored
+        k = SMALL.index("local.steps=2")
+        small = SMALL[:k - 1] + SMALL[k + 1:]
+    assert cli.main(["run", "--out", str(out), *small, "--no-plot", "--algorithm", algorithm, *options]) == 0
     summary = json.loads((out / "summary.json").read_text())
     run = summary["runs"][0]
     assert run["algorithm"] == algorithm and run["memory"]["server_bytes"] > 0

@@ -76,6 +76,8 @@ def _argv(command: str) -> tuple[list[str], str | None]:
 
 
 def _out_folder(argv: list[str]) -> str | None:
+    if argv[0] == "plot":  # its --out is a figure, not a results folder
+        return None
     for flag in ("--out", "--resume"):
         if flag in argv:
             return argv[argv.index(flag) + 1]

@@ -255,10 +255,19 @@ def test_tensorboard_logger_writes_every_replica_by_point_and_seed(small, tmp_pa
                        callbacks=[TensorBoardLogger(str(logdir))])
     for r, (seed, hp) in enumerate(zip(history.seeds, history.hparams)):
         scalars = _read_scalars(logdir / "fb" / f"client_lr={hp['client_lr']:g}" / f"seed{seed}")
-        assert set(scalars) == set(history.metrics)
+        assert {tag for tag in scalars if "/" not in tag} == set(history.metrics)
         for name, values in history.metrics.items():
             assert [s for s, _ in scalars[name]] == [3, 6]
             np.testing.assert_array_equal([v for _, v in scalars[name]], values[r, 1:].astype(np.float32))
+            # the same values against uploads, local steps and virtual time (x 1000), so that runs with different
+            # uploads per step share an axis
+            assert [s for s, _ in scalars[f"vs_uploads/{name}"]] == list(history.uploads[r, 1:])
+            assert [s for s, _ in scalars[f"vs_local_steps/{name}"]] == list(history.local_steps[r, 1:].astype(int))
+            assert [s for s, _ in scalars[f"vs_virtual_time_x1000/{name}"]] == [
+                int(round(1000 * t)) for t in history.times[r, 1:]]
+            np.testing.assert_array_equal([v for _, v in scalars[f"vs_uploads/{name}"]],
+                                          values[r, 1:].astype(np.float32))
+        np.testing.assert_allclose([v for _, v in scalars["progress/virtual_time"]], history.times[r, 1:], rtol=1e-6)
 
 
 def test_library_logs_only_to_the_logger_and_no_bar_without_a_terminal(small, capsys, caplog):

@@ -23,7 +23,8 @@ def test_bias_correction_demo_runs_and_writes_its_table(tmp_path, capsys):
     assert {r["method"] for r in results} == set(demo.METHODS)
     assert len(results) == 2 * len(demo.METHODS)
     assert all(r["uploads"] >= 60 for r in results)  # ACE also counts its initialization round
-    assert sorted(os.listdir(out)) == ["accuracy.png", "results.json", "table.md"]
+    figures = [f"compare_alpha0.1_sigma{s}.{ext}" for s in ("0", "1.5") for ext in ("pdf", "png")]
+    assert sorted(os.listdir(out)) == sorted(["accuracy.png", *figures, "results.json", "table.md"])
 
 
 def test_compression_demo_runs_in_a_subprocess_and_tables_every_method(tmp_path):

@@ -29,6 +29,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from asyncfl_jax import checkpoint
+from asyncfl_jax.engine.history import progress_axes as run_progress_axes
 from asyncfl_jax.results import headline_metric, lower_is_better, point_name, swept_names
 
 
@@ -228,12 +229,24 @@ def _alive(carry: Any) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------- metric writers
+def progress_axes(update: Any) -> dict[str, np.ndarray]:
+    """Where every replica stands at this evaluation on the axes that compare runs with different steps: ``time``
+    (virtual time), ``uploads`` (client results received) and ``local_steps`` (local steps trained for them;
+    :attr:`~asyncfl_jax.results.History.local_steps`), each float [R]: the values the History and ``metrics.csv``
+    hold for this evaluation (:func:`asyncfl_jax.engine.history.progress_axes`)."""
+    return run_progress_axes(update.loop.run_spec, update.loop.state)
+
+
 def _rows(update: Any) -> list[dict[str, Any]]:
-    """One record per replica of this evaluation: step, replica, seed, swept hyper-parameters, metrics."""
+    """One record per replica of this evaluation: run, step, virtual time, uploads, local steps, replica, seed, swept
+    hyper-parameters, metrics, diverged."""
     swept = swept_names([r.hparams for r in update.replicas])
+    axes = progress_axes(update)
     rows = []
     for r, replica in enumerate(update.replicas):
-        row: dict[str, Any] = {"run": update.label, "step": update.step, "replica": r, "seed": replica.seed}
+        row: dict[str, Any] = {"run": update.label, "step": update.step, "time": float(axes["time"][r]),
+                               "uploads": int(axes["uploads"][r]), "local_steps": float(axes["local_steps"][r]),
+                               "replica": r, "seed": replica.seed}
         row.update({k: replica.hparams[k] for k in swept})
         row.update({k: float(v[r]) for k, v in update.metrics.items()})
         row["diverged"] = bool(update.diverged_at[r] >= 0)
@@ -279,7 +292,9 @@ class JSONLinesLogger(_FileLogger):
 
 
 class CSVLogger(_FileLogger):
-    """CSV rows (header first) of every replica's evaluation: run, step, replica, seed, swept values, metrics."""
+    """CSV rows (header first) of every replica's evaluation: run, step, time (virtual), uploads, local_steps,
+    replica, seed, swept values, metrics, diverged. Plot a metric against ``uploads``, ``time`` or ``local_steps`` to
+    compare runs whose server steps differ (FedBuff's 300 steps and FedAsync's 3,000 for the same uploads)."""
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
@@ -307,8 +322,13 @@ class TensorBoardLogger:
 
     Each replica gets its own event-file folder ``<logdir>/<run>/<point>/seed<s>`` (``<point>``: the swept values,
     e.g. ``alpha=0.3``; left out when the run sweeps nothing), and each metric is a scalar tagged by its name
-    (``test_accuracy``, ``test_loss``, ...) at ``global_step`` = server steps done (the virtual times are in
-    ``metrics.csv`` / the History). TensorBoard then draws one chart per metric with a line per (run, point, seed); the
+    (``test_accuracy``, ``test_loss``, ...) at ``global_step`` = server steps done. Since runs with different
+    numbers of uploads per step (FedBuff: 300 steps, FedAsync: 3,000 steps for 3,000 uploads) cannot be compared on
+    server steps, each metric is also written against the axes that compare them, as TensorBoard's step of its own
+    tag: ``vs_uploads/<metric>`` (step = client uploads received), ``vs_local_steps/<metric>`` (step = local steps
+    trained, :attr:`~asyncfl_jax.results.History.local_steps`) and ``vs_virtual_time_x1000/<metric>`` (step =
+    virtual time x 1000, rounded: TensorBoard's steps are integers); ``progress/uploads``, ``progress/virtual_time``
+    and ``progress/local_steps`` hold those axes against the server step. TensorBoard then draws one chart per metric with a line per (run, point, seed); the
     folder names select them (regular expressions on ``point`` or ``seed``). Non-finite values (a diverged replica)
     are written as they are. The initial model (step 0) is not written: callbacks see the evaluations after chunks.
 
@@ -336,9 +356,19 @@ class TensorBoardLogger:
 
     def on_chunk(self, loop: Any, update: Any) -> None:
         del loop
+        axes = progress_axes(update)
         for r, writer in self.writers.items():
+            x = {"uploads": int(axes["uploads"][r]), "virtual_time_x1000": int(round(1000 * float(axes["time"][r]))),
+                 "local_steps": _int_or_none(axes["local_steps"][r])}
             for name, values in update.metrics.items():
-                writer.add_scalar(name, float(values[r]), global_step=int(update.step))
+                value = float(values[r])
+                writer.add_scalar(name, value, global_step=int(update.step))
+                for axis, at in x.items():
+                    if at is not None:
+                        writer.add_scalar(f"vs_{axis}/{name}", value, global_step=at)
+            writer.add_scalar("progress/uploads", float(axes["uploads"][r]), global_step=int(update.step))
+            writer.add_scalar("progress/virtual_time", float(axes["time"][r]), global_step=int(update.step))
+            writer.add_scalar("progress/local_steps", float(axes["local_steps"][r]), global_step=int(update.step))
             writer.flush()
 
     def on_end(self, loop: Any, completed: bool) -> None:
@@ -346,3 +376,7 @@ class TensorBoardLogger:
         for writer in self.writers.values():
             writer.close()
         self.writers = {}
+
+
+def _int_or_none(value: float) -> int | None:
+    return int(round(float(value))) if math.isfinite(float(value)) else None

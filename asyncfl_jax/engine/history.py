@@ -69,9 +69,25 @@ def _make_history(run: Any, state: checkpoint.LoopState) -> History:
         realized_schedules=realized if timeline.records_schedules else None,
         lookahead=timeline.lookahead_info(),
         job_steps=timeline.job_steps(traces, int(steps[-1])),
+        local_steps=local_steps_at(run, realized, steps, timeline.job_steps(traces, int(steps[-1])), init_uploads),
         precision=run.precision,
         trajectory=trajectory_of(run, state.traces, int(steps[-1])),
     )
+
+
+def progress_axes(run: Any, state: checkpoint.LoopState) -> dict[str, np.ndarray]:
+    """Where every replica stands at the last evaluation of ``state`` on the axes that compare runs with different
+    uploads per step: ``time`` (virtual), ``uploads`` and ``local_steps`` (:func:`local_steps_at`), each float [R];
+    the History's values, without building the whole History (no parameters copied, no schedule statistics)."""
+    with precision_scope(run.precision):
+        last = np.asarray(state.eval_steps)[-1:]
+        traces = {k: v for k, v in state.traces.items() if not is_trajectory_entry(k)}
+        realized = run.timeline.realized(traces, state.carry, int(last[0]))
+        init_uploads = run.task.num_clients if run.algorithm.init_round is not None else 0
+        job_steps = run.timeline.job_steps(traces, int(last[0]))
+        return {"time": np.stack([_times_at(s, last) for s in realized])[:, 0],
+                "uploads": np.stack([_uploads_at(s, last) + init_uploads for s in realized])[:, 0],
+                "local_steps": local_steps_at(run, realized, last, job_steps, init_uploads)[:, 0]}
 
 
 def _times_at(schedule: Schedule, steps: np.ndarray) -> np.ndarray:
@@ -83,3 +99,31 @@ def _times_at(schedule: Schedule, steps: np.ndarray) -> np.ndarray:
 def _uploads_at(schedule: Schedule, steps: np.ndarray) -> np.ndarray:
     cumulative = np.concatenate([[0], np.cumsum(schedule.uploads_per_step)])
     return cumulative[np.minimum(steps, schedule.num_steps)].astype(np.int64)
+
+
+def local_steps_at(run: Any, realized: list[Schedule], steps: np.ndarray, job_steps: np.ndarray | None,
+                   init_uploads: int) -> np.ndarray:
+    """float [R, E]: the local steps (minibatch gradients) the clients trained for the uploads the server received
+    by each evaluation, the initialization round included: the uploads for a gradient upload (one gradient each),
+    the cumulative per-job step counts under the event clock (AsyncFedED's adaptive K), ``sum K_i`` over the
+    arriving clients with ``local.epochs`` (``K_i = min(local.steps, ceil(epochs ceil(n_i / B)))``), else the
+    uploads times ``local.steps``. The measure of client computation on which one-gradient and K-step methods can
+    be compared."""
+    uploads = np.stack([_uploads_at(s, steps) + init_uploads for s in realized]).astype(np.float64)
+    local = run.local
+    if run.algorithm.upload == "gradient":
+        return uploads
+    if job_steps is not None:
+        per_step = np.where(job_steps > 0, job_steps, 0).astype(np.float64)
+        cumulative = np.concatenate([np.zeros((per_step.shape[0], 1)), np.cumsum(per_step, axis=1)], axis=1)
+        return cumulative[:, np.minimum(steps, per_step.shape[1])]
+    if local.epochs is None:
+        return uploads * local.steps
+    counts = np.asarray(run.task.train.counts, np.float64)
+    k = np.clip(np.ceil(local.epochs * np.ceil(counts / local.batch_size)), 1, local.steps)  # K_i
+    out = []
+    for s in realized:
+        arrived = np.where(s.arrival_clients >= 0, k[np.maximum(s.arrival_clients, 0)], 0.0).sum(axis=1)
+        cumulative = np.concatenate([[0.0], np.cumsum(arrived)]) + (k.sum() if init_uploads else 0.0)
+        out.append(cumulative[np.minimum(steps, s.num_steps)])
+    return np.stack(out)

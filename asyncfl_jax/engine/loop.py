@@ -29,6 +29,7 @@ from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, sta
 from asyncfl_jax.engine.placement import Placed, ShardJobs, SingleDevice, check_processes
 from asyncfl_jax.engine.step import Program
 from asyncfl_jax.engine.timelines import make_timeline
+from asyncfl_jax.option_rules import check_unread_hparams
 from asyncfl_jax.precision import cast_task, check_precision, precision_dtype, precision_scope
 from asyncfl_jax.task import Task, task_arrays
 
@@ -219,6 +220,7 @@ def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalC
         seeds = list(dict.fromkeys(r.seed for r in replicas))
     local.validate()
     check_optimizer_hparams(local, replicas)
+    check_unread_hparams(algorithm, local, replicas)  # a swept or set option the algorithm does not read
     if local.use_momentum is False and any(r.hparams["momentum"] != 0 for r in replicas):
         local = dataclasses.replace(local, use_momentum=True)
     eval_every = check_count("eval_every", default_eval_every(schedules) if eval_every is None else eval_every)

@@ -26,7 +26,9 @@ The command is ``scripts/demo_bias_correction.py`` (examples in its docstring, o
 
 It needs the Fashion-MNIST IDX files (Debian: ``apt-get install dataset-fashion-mnist``, or ``--data-dir``); with
 ``--dataset synthetic`` it runs on the embedded LEAF Synthetic(1, 1) data instead. It writes ``table.md``,
-``results.json`` and ``accuracy.png`` to ``--out``.
+``results.json``, ``accuracy.png`` and, per setting, ``compare_alpha<a>_sigma<s>.png`` and ``.pdf`` (each method
+against uploads, virtual time and local steps, with its band over the seeds: :mod:`asyncfl_jax.figures`) to
+``--out``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import numpy as np
 from asyncfl_jax import LocalConfig, Schedule, Task, get_algorithm, make_model, make_schedule, make_task, simulate
 from asyncfl_jax.data import partition
 from asyncfl_jax.reproduce.data import DataUnavailable, add_dataset_arguments, load_dataset
+from asyncfl_jax.figures import draw_curves, save_figure_files, seed_curve
 from asyncfl_jax.reproduce.report import pyplot, save_png, write_outputs
 from asyncfl_jax.timing import DelayModel
 
@@ -130,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     write_outputs(args.out, table, {"args": vars(args), "results": results,
                                     "seconds": round(time.perf_counter() - started, 1)}, indent=2)
     plot(curves, args, os.path.join(args.out, "accuracy.png"))
+    plot_comparisons(curves, args)
     return 0
 
 
@@ -161,7 +165,9 @@ def run_method(task: Task, method: str, alpha: float, sigma: float,
     print(f"alpha={alpha:<4g} sigma={sigma:<4g} {method:<9} acc={row['final_accuracy']:.4f} "
           f"({swept}={grid[best]:g}; grid {np.round(final, 4).tolist()})  {row['seconds']}s",
           file=sys.stderr, flush=True)
-    return row, (history.times[replicas].mean(axis=0), history.metrics["test_accuracy"][replicas].mean(axis=0))
+    runs = [{"uploads": history.uploads[r], "times": history.times[r], "local_steps": history.local_steps[r],
+             "accuracy": history.metrics["test_accuracy"][r]} for r in replicas]
+    return row, seed_curve(method, runs, axes={"uploads": "uploads", "time": "times", "local_steps": "local_steps"})
 
 
 def participation_cv(counts: list[int] | np.ndarray) -> float:
@@ -196,6 +202,20 @@ def format_table(results: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot_comparisons(curves: dict, args: argparse.Namespace) -> list[str]:
+    """``compare_alpha<a>_sigma<s>.png`` and ``.pdf`` per setting: the methods (each at its best grid value) against
+    uploads, virtual time and local steps trained, one line per method with its min-max band over the seeds
+    (:func:`asyncfl_jax.figures.draw_curves`); returns the paths written."""
+    written = []
+    for a, s in sorted({(a, s) for a, s, _ in curves}):
+        chosen = [curves[(a, s, m)] for m in args.methods if (a, s, m) in curves]
+        title = (f"{args.dataset}, n={args.clients}, dirichlet({a:g}), logreg; K={args.local_steps} (delta methods), "
+                 f"B={args.batch_size}; delays: speed lognormal(sigma={s:g}) x exponential noise")
+        fig = draw_curves(chosen, title=title)
+        written += save_figure_files(fig, os.path.join(args.out, f"compare_alpha{a:g}_sigma{s:g}"))
+    return written
+
+
 def plot(curves: dict, args: argparse.Namespace, path: str) -> None:
     """``accuracy.png``: the mean test accuracy against virtual time, one panel per (alpha, sigma)."""
     plt = pyplot()
@@ -204,8 +224,8 @@ def plot(curves: dict, args: argparse.Namespace, path: str) -> None:
     for ax, (a, s) in zip(axes[0], settings):
         for method in args.methods:
             if (a, s, method) in curves:
-                t, acc = curves[(a, s, method)]
-                ax.plot(t, acc, label=method, linestyle="-" if method in CORRECTING else "--")
+                curve = curves[(a, s, method)]
+                ax.plot(curve["time"], curve["mean"], label=method, linestyle="-" if method in CORRECTING else "--")
         ax.set_title(f"Dir({a:g}), speed sigma {s:g}")
         ax.set_xlabel("virtual time")
         ax.grid(alpha=0.3)
