@@ -215,6 +215,7 @@ def _build_parser() -> argparse.ArgumentParser:
                       help="x axes, one panel each: uploads, time, local_steps, step (default: uploads,time,local_steps)")
     plot.add_argument("--title", help="title (default: the setting read from the folders' config.json)")
     plot.add_argument("--debug", action="store_true", help="on an error, also print the Python traceback")
+    sub.add_parser("algorithms", help="list the algorithms with their options and hyper-parameters")
     sub.add_parser("presets", help="list the papers' selected settings usable with `asyncfl run --preset`")
     return parser
 
