@@ -668,10 +668,25 @@ def clear(directory: str) -> None:
 
 # ---------------------------------------------------------------------------------------------------- signals
 class StopRequest:
-    """Set by the signal handlers of :func:`stop_on_signals`; the loop reads ``reason`` at the end of each chunk."""
+    """Set by the signal handlers of :func:`stop_on_signals`; the loop reads ``reason`` ("SIGINT" or "SIGTERM") at
+    the end of each chunk and before and after each save. In the ``asyncfl`` command it reads the flag of the
+    command's own handlers (:mod:`asyncfl_jax._signals`)."""
 
-    def __init__(self) -> None:
-        self.reason: str | None = None
+    def __init__(self, recorded: Any = None) -> None:
+        self._reason: str | None = None
+        self._recorded = recorded  # a function giving the recorded signal number, or None
+
+    @property
+    def reason(self) -> str | None:
+        if self._reason is None and self._recorded is not None:
+            signum = self._recorded()
+            if signum is not None:
+                return signal.Signals(signum).name
+        return self._reason
+
+    @reason.setter
+    def reason(self, value: str | None) -> None:
+        self._reason = value
 
 
 @contextlib.contextmanager
@@ -679,7 +694,13 @@ def stop_on_signals(enabled: bool = True) -> Iterator[StopRequest]:
     """While active, SIGTERM and the first Ctrl-C (SIGINT) only set ``request.reason``, so that the loop can finish
     its chunk, save and stop; a second Ctrl-C raises ``KeyboardInterrupt`` at once. The previous handlers are
     restored on exit. Does nothing outside the main thread (where Python cannot install handlers) or when not
-    ``enabled``."""
+    ``enabled``. Under the ``asyncfl`` command's handlers (which only set a flag, :mod:`asyncfl_jax._signals`) the
+    request reads that flag and no handler is replaced."""
+    from asyncfl_jax import _signals
+
+    if enabled and _signals.handlers_installed():
+        yield StopRequest(_signals.pending)
+        return
     request = StopRequest()
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield request

@@ -421,6 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _signals.check()  # a signal received while the package imported
         code = _command(args)
+        if code == 0:
+            _signals.check()  # a signal recorded after the last check (the handlers only set a flag): never lost
     except SystemExit:
         raise
     except BaseException as e:  # noqa: BLE001 - the one error boundary of the command
@@ -547,6 +549,7 @@ def _command(args: argparse.Namespace) -> int:
     from asyncfl_jax.preflight import check_memory
 
     check_memory(cfg)  # from the configuration alone, before any data or schedule is built
+    _signals.check()
     resume = True if args.resume is not None else _check_output(cfg, args.overwrite)
 
     from asyncfl_jax.checkpoint import SimulationInterrupted

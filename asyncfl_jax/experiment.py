@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from asyncfl_jax import checkpoint, distributed, outputs
+from asyncfl_jax import _signals, checkpoint, distributed, outputs
 from asyncfl_jax.algorithms import get_algorithm
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.config import ConfigError, ExperimentConfig, RunConfig, algorithm_defaults, resolve, validate
@@ -517,7 +517,9 @@ def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress:
     config = cfg.to_dict()
     environment = {**environment_info(), **invocation_info()} if files else None
     task = build_task(cfg)
+    _signals.check()  # the command's signals are acted on between phases (see asyncfl_jax._signals)
     schedules_of = {0: build_schedules(cfg, cfg.runs[0])}  # the first run's schedule files are read before writing
+    _signals.check()
     manifest = None
     if files:
         manifest = _start_writing(cfg, decision, config)
@@ -532,6 +534,7 @@ def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress:
     histories = []
     for i, run in enumerate(cfg.runs):
         schedules = schedules_of.pop(i) if i in schedules_of else build_schedules(cfg, run)
+        _signals.check()
         if files and run.protocol.name != "event_clock":  # the exact schedules, to replay the run (schedule_files)
             save_schedules(cfg, run, schedules, manifest)
         folder = None

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from asyncfl_jax import checkpoint
+from asyncfl_jax import _signals, checkpoint
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig, check_optimizer_hparams
 from asyncfl_jax.distributed import check_same_everywhere, to_host
@@ -418,8 +418,10 @@ class HostLoop:
         self._call("on_start")
         try:
             while not self.finished:
+                _signals.check()  # a signal the command recorded (its handlers only set a flag): stop here
                 update = self.run_chunk()
                 self._call("on_chunk", update)
+            _signals.check()
             completed = True
         except KeyboardInterrupt as e:
             self._call("on_interrupt", e)
@@ -454,6 +456,7 @@ class HostLoop:
             check_compiled(compiled, run.label)  # XLA's own count, temporaries included, before the chunk runs
             self.compiled[variant] = compiled
             self.loop_compile_seconds += time.perf_counter() - tc
+            _signals.check()  # a signal during the compilation: stop before the chunk runs
         t0 = time.perf_counter()
         carry, records = self.compiled[variant](state.carry, part, placed.hp, placed.keys, placed.data)
         jax.block_until_ready(carry)
