@@ -475,12 +475,24 @@ def _describe(error: BaseException, out: str) -> tuple[str, int]:
                 "seeds or swept hyper-parameters, the model), or run on a machine with more memory"), 2
     if isinstance(error, OSError):
         return _describe_os_error(error, out), 2
-    if "RESOURCE_EXHAUSTED" in str(error):  # an XLA allocation failed (jaxlib's XlaRuntimeError)
+    if _out_of_memory(error):  # an XLA allocation failed (jaxlib's XlaRuntimeError)
         first = str(error).strip().splitlines()[0][:300]
         return (f"the accelerator ran out of memory ({first}); lower data.num_clients, the seeds or swept "
                 "hyper-parameters, local.batch_size or --lookahead, or use a larger device"), 2
     return (f"internal error ({type(error).__name__}: {str(error)[:300]}). This is a bug in asyncfl_jax, not in your "
             "input: please report it with the command line; rerun with --debug to see the traceback"), 1
+
+
+OUT_OF_MEMORY_MARKS = ("resource_exhausted", "out of memory", "failed to allocate", "allocation failure",
+                       "cannot allocate memory")
+"""How the XLA runtime words a failed allocation (on a GPU, TPU or CPU)."""
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a failed allocation of the XLA runtime (its message; it has no type of its own)."""
+    text = str(error).lower()
+    return type(error).__name__ in ("XlaRuntimeError", "JaxRuntimeError") and any(
+        mark in text for mark in OUT_OF_MEMORY_MARKS) or "resource_exhausted" in text
 
 
 def _no_space(error: BaseException) -> bool:

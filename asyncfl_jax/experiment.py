@@ -513,7 +513,6 @@ def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress:
     """The runs of ``cfg`` (resolved). With a ``decision`` (:func:`decide_output`) the runs are checkpointed when
     ``checkpoint_every`` is given, and with ``files`` (process 0, the folder locked) the result files are written,
     each listed in the manifest first; without a decision nothing is written."""
-    write = decision is not None
     config = cfg.to_dict()
     environment = {**environment_info(), **invocation_info()} if files else None
     task = build_task(cfg)
@@ -531,7 +530,36 @@ def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress:
             if decision != "continue":  # a failed first write: the folder goes back to holding no run
                 outputs.remove_listed(manifest)
             raise
-    histories = []
+    histories: list[History] = []  # filled as the runs finish
+    try:
+        return _run_each(cfg, decision, files, progress, plot, checkpoint_every, resume, callbacks, task,
+                         schedules_of, manifest, config, environment, histories)
+    except BaseException:
+        if manifest is not None and decision != "continue" and not histories and not _holds_results(manifest):
+            with contextlib.suppress(OSError):  # the error that stopped the run is the one to report
+                outputs.remove_listed(manifest)  # a failed start: the folder goes back to holding no run
+            logger.info("%s: the run did not start; the files it had written there were removed", cfg.output)
+        raise
+
+
+def _holds_results(manifest: outputs.Manifest) -> bool:
+    """Whether the output folder of ``manifest`` holds something worth keeping after a failure: a checkpoint or the
+    History of a finished run in one of the listed checkpoint folders (what ``--resume`` continues from)."""
+    for name, kind in manifest.entries.items():
+        if kind == "checkpoints":
+            folder = os.path.join(manifest.root, *name.split("/"))
+            if any(os.path.lexists(os.path.join(folder, f)) for f in (checkpoint.RECORD, "history.json")):
+                return True
+    return False
+
+
+def _run_each(cfg: ExperimentConfig, decision: str | None, files: bool, progress: bool, plot: bool,
+              checkpoint_every: int | None, resume: bool, callbacks: Sequence[Any], task: Task,
+              schedules_of: dict[int, Any], manifest: outputs.Manifest | None, config: dict[str, Any],
+              environment: Any, histories: list[History]) -> list[History]:
+    """The loop of :func:`_run_all` over the runs (its arguments), writing as it goes; appends each finished run's
+    History to ``histories``."""
+    write = decision is not None
     for i, run in enumerate(cfg.runs):
         schedules = schedules_of.pop(i) if i in schedules_of else build_schedules(cfg, run)
         _signals.check()

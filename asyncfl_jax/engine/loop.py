@@ -22,6 +22,7 @@ from asyncfl_jax import _signals, checkpoint
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig, check_optimizer_hparams
 from asyncfl_jax.distributed import check_same_everywhere, to_host
+from asyncfl_jax.errors import InputError
 from asyncfl_jax.engine.budget import MemoryBudget, check_compiled, memory_budget
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, stack_hparams
@@ -70,7 +71,7 @@ def trajectory_shape(record: Callable[[jax.Array], Any], x0: jax.Array, num_repl
     per_record = sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in leaves)
     total = num_replicas * (num_steps + 1) * per_record
     if total > limit:
-        raise ValueError(f"the trajectory would take {total / 2**20:.1f} MiB ({num_replicas} replicas x "
+        raise InputError(f"the trajectory would take {total / 2**20:.1f} MiB ({num_replicas} replicas x "
                          f"{num_steps + 1} models x {per_record} bytes), more than the limit of {limit / 2**20:.0f} "
                          "MiB: record fewer values (trajectory=lambda x: x[:k], or a summary such as a norm), fewer "
                          "steps or fewer replicas")
@@ -368,8 +369,11 @@ class HostLoop:
         first evaluation (step 0)."""
         placed = self.run_spec.placed
         t0 = time.perf_counter()
-        if carry is None:
-            carry = self.init_fn(placed.inputs, placed.hp, placed.keys, placed.data)
+        if carry is None:  # compiled first, so that XLA's memory analysis refuses what cannot fit before it runs
+            compiled = self.init_fn.lower(placed.inputs, placed.hp, placed.keys, placed.data).compile()
+            check_compiled(compiled, self.run_spec.label, what="initialization")
+            _signals.check()
+            carry = compiled(placed.inputs, placed.hp, placed.keys, placed.data)
         first = to_host(self.eval_fn(carry.server, placed.data))
         traces = {}
         if self.run_spec.trajectory is not None:  # x_0's record: the trajectory's step axis starts at 0
