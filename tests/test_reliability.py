@@ -1,0 +1,112 @@
+"""Faults a hostile user finds: failed starts followed by the corrected command on the same folder, refusals that
+must end with exit code 2 (not "internal error"), and the memory check of the initialization (tiny runs: 6 clients,
+12 uploads, logreg)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from asyncfl_jax import cli
+from asyncfl_jax.engine import loop
+from asyncfl_jax.engine.budget import MemoryRefusal
+from asyncfl_jax.errors import InputError
+from asyncfl_jax.timing.schedule import Schedule, ScheduleFileError
+
+TINY = ["--no-progress", "--no-plot", "--model", "logreg", "--algorithm", "fedbuff", "--set", "data.num_clients=6",
+        "--set", "data.synthetic_max_samples=60", "--set", "runs.protocol.concurrency=4",
+        "--set", "runs.protocol.buffer_size=1", "--arrivals", "12", "--set", "local.steps=1",
+        "--set", "eval_points=2"]
+
+
+def _run(capsys, *argv):
+    code = cli.main(["run", *TINY, *argv])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, err
+
+
+class XlaRuntimeError(RuntimeError):
+    """Stands for jaxlib's error type (the boundary knows it by its name and message)."""
+
+
+def _trajectory_refused(monkeypatch):
+    monkeypatch.setattr(loop, "MAX_TRAJECTORY_BYTES", 100)  # the refusal comes after the data and schedules
+    return ["--trajectory"], "the trajectory would take"
+
+
+def _out_of_memory_at_dispatch(monkeypatch):
+    def dispatch(self):
+        raise XlaRuntimeError("INTERNAL: Failed to allocate 93096321024 bytes for the chunk's buffers")
+
+    monkeypatch.setattr(loop.HostLoop, "run_chunk", dispatch)
+    return [], "ran out of memory"
+
+
+@pytest.mark.parametrize("failure", [_trajectory_refused, _out_of_memory_at_dispatch])
+def test_a_failed_start_leaves_a_folder_the_corrected_command_uses(capsys, tmp_path, monkeypatch, failure):
+    out = tmp_path / "out"
+    (tmp_path / "mine.txt").write_text("a file beside the folder")
+    extra, message = failure(monkeypatch)
+    code, err = _run(capsys, "--out", str(out), *extra)
+    assert code == 2 and message in err, err
+    assert not out.exists(), sorted(os.listdir(out))  # the folder the run created is gone again
+    monkeypatch.undo()
+    code, err = _run(capsys, "--out", str(out))  # the corrected command, on the same folder
+    assert code == 0, err
+    assert (out / "metrics.csv").is_file() and (tmp_path / "mine.txt").read_text() == "a file beside the folder"
+
+
+def test_a_failed_start_in_an_existing_empty_folder_leaves_it_empty(capsys, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    extra, message = _trajectory_refused(monkeypatch)
+    code, err = _run(capsys, "--out", str(out), *extra)
+    assert code == 2 and message in err and os.listdir(out) == [], err
+
+
+@pytest.mark.parametrize("field", ["num_slots", "num_clients"])
+def test_a_schedule_file_with_an_absurd_size_is_refused_as_input(tmp_path, field):
+    from asyncfl_jax.timing.delays import DelayModel
+    from asyncfl_jax.timing.protocols import make_schedule
+
+    path = tmp_path / "s.npz"
+    make_schedule("concurrent", 4, 3, DelayModel(), seed=0, concurrency=2, buffer_size=1).save(path)
+    arrays = dict(np.load(path, allow_pickle=False))
+    meta = json.loads(str(arrays.pop("meta")))
+    meta[field] = 10**12
+    np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
+    with pytest.raises(ScheduleFileError, match=f"{field} = 1000000000000 is out of range") as caught:
+        Schedule.load(path)
+    assert isinstance(caught.value, InputError)
+
+
+@pytest.mark.parametrize("text", ["INTERNAL: Failed to allocate 86.7GB", "RESOURCE_EXHAUSTED: Out of memory",
+                                  "INTERNAL: out of memory while trying to allocate 99 bytes"])
+def test_an_xla_allocation_failure_is_a_refusal_not_a_bug(text):
+    message, code = cli._describe(XlaRuntimeError(text), "out")
+    assert code == 2 and "ran out of memory" in message, message
+
+
+def test_the_initialization_is_checked_with_xla_memory_analysis_before_it_runs(monkeypatch):
+    """Some algorithms train every client at initialization (ACE, AREA): its activations are counted before it
+    runs, as the chunk's are."""
+    import asyncfl_jax as afl
+
+    checked = []
+
+    def check(compiled, label, available=None, fraction=0.9, what="server-step chunk"):
+        checked.append(what)
+        if what == "initialization":
+            raise MemoryRefusal(f"{label}: the compiled initialization needs 86.7 GiB")
+
+    monkeypatch.setattr(loop, "check_compiled", check)
+    ds = afl.data.synthetic_leaf(num_clients=4, alpha=1.0, beta=1.0, max_samples=60)
+    task = afl.make_task(ds, ds.natural_partition, afl.make_model("logreg", ds.input_shape, ds.num_classes))
+    schedule = afl.make_schedule("concurrent", 4, 3, afl.DelayModel(), seed=0, concurrency=2, buffer_size=1)
+    with pytest.raises(MemoryRefusal, match="initialization needs"):
+        afl.simulate(task, afl.fedbuff(), schedule, afl.LocalConfig(steps=1), eval_every=3, progress=False)
+    assert checked == ["initialization"]
