@@ -636,7 +636,7 @@ def result_lines(h: Any) -> list[str]:
         lines.append(line)
         if final.diverged:
             seeds = ", ".join(f"seed {s} at server step {d}" for s, d in final.diverged)
-            lines.append(f"  {title}: DIVERGED (NaN/inf), left out of the mean: {seeds}")
+            lines.append(f"  {title}: DIVERGED (NaN/inf or |x| > 1e10), left out of the mean: {seeds}")
         if final.non_finite:
             lines.append(f"  {title}: non-finite {name}, left out of the mean: seeds {list(final.non_finite)}")
     return lines

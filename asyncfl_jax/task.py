@@ -261,6 +261,10 @@ def make_task(
         ``seed``); None: all clients. Needs ``client_test_fraction > 0``.
       seed: the data seed: the train-loss sample, the held-out split and the evaluated subset.
     """
+    from asyncfl_jax.arguments import check_make_task
+
+    check_make_task(dataset, parts, model, train_eval_size, seed, client_test_fraction, validation_fraction,
+                    eval_clients, loss)
     loss = get_loss(loss, dataset.train_y)
     client_test_fraction = _check_fraction("client_test_fraction", client_test_fraction)
     validation_fraction = _check_fraction("validation_fraction", validation_fraction)

@@ -143,7 +143,7 @@ class DivergenceWarnings:
         for r in update.newly_diverged:
             warnings.warn(
                 f"{update.label}: replica {r} ({describe_replica(update.replicas, r)}) diverged: the global model "
-                f"became NaN/inf at server step {int(update.diverged_at[r])}", RuntimeWarning, stacklevel=2)
+                f"diverged (NaN/inf or |x| > 1e10) at server step {int(update.diverged_at[r])}", RuntimeWarning, stacklevel=2)
 
 
 class StopWhenAllDiverged:

@@ -243,6 +243,9 @@ def make_schedule(protocol: str, num_clients: int, num_steps: int, delays: Delay
     ``aggregation="count"``, not allowed with a clock), ``refill``, ``aggregation``, ``period``, ``rate``;
     ``all_active``: ``aggregation``, ``period``, ``rate``; ``synchronous``: ``participants``).
     """
+    from asyncfl_jax.arguments import check_make_schedule
+
+    check_make_schedule(protocol, num_clients, num_steps, delays, seed)
     if protocol not in _OPTIONS:
         raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
     fn, valid = _OPTIONS[protocol]
