@@ -60,7 +60,12 @@ AREA_DEFAULT_ARRIVALS = 12_000
 
 
 def _parse_list(text: str, cast=float) -> list:
-    return [cast(v) for v in text.split(",") if v.strip()]
+    """``"1,2"`` -> ``[1.0, 2.0]``; an empty item (``"1,,2"``, ``"1,"``) is a ``ValueError``: it would be dropped
+    without a word. Surrounding spaces are fine."""
+    items = text.split(",")
+    if any(not v.strip() for v in items):
+        raise ValueError(f"an empty item in {text!r}")
+    return [cast(v) for v in items]
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -226,7 +231,8 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         try:
             raw["seeds"] = _parse_list(args.seeds, int)
         except ValueError:
-            raise ConfigError(f"invalid option --seeds = {args.seeds!r}: must be comma-separated integers") from None
+            raise ConfigError(f"invalid option --seeds = {args.seeds!r}: must be comma-separated integers, without "
+                              "an empty item") from None
     put("eval_every", args.eval_every)
     put("lookahead", args.lookahead)
     put("replica_batch", args.replica_batch)
@@ -280,7 +286,8 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
             try:
                 values = _parse_list(text, float)
             except ValueError:
-                raise ConfigError(f"invalid option --hparam {name} = {text!r}: values must be numbers") from None
+                raise ConfigError(f"invalid option --hparam {name} = {text!r}: values must be numbers separated by "
+                                  "commas, without an empty item") from None
             run.setdefault("hparams", {})[name.strip()] = values[0] if len(values) == 1 else values
         proto = run.setdefault("protocol", {})
         for key, value in (("name", args.protocol), ("concurrency", args.concurrency),
@@ -288,6 +295,9 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
                            ("participants", args.participants)):
             if value is not None:
                 proto[key] = value
+        if args.steps is not None and args.arrivals is not None:  # as a config file with both is refused
+            raise ConfigError(f"--steps {args.steps} and --arrivals {args.arrivals} cannot be combined: a run is "
+                              "as long as one of them says (T = arrivals / M); give one")
         if args.steps is not None:
             run["steps"], run["arrivals"] = args.steps, None
         if args.arrivals is not None:
@@ -376,6 +386,9 @@ def _check_out_path(out: str) -> None:
     """``--out`` must be a path a folder can be made at: no part of it longer than the file system allows, its
     nearest existing parent a folder this user can write into (checked before anything is built or written)."""
     path = os.path.abspath(out)
+    if os.path.islink(path) and not os.path.exists(path):
+        raise ConfigError(f"invalid option --out = {out!r}: it is a symbolic link to {os.readlink(path)!r}, which does "
+                          "not exist (a dangling link); remove the link, make its target, or choose another --out")
     name_max = 255
     with contextlib.suppress(OSError, ValueError, AttributeError):
         name_max = os.pathconf(_existing_parent(path), "PC_NAME_MAX")
@@ -568,6 +581,9 @@ def _command(args: argparse.Namespace) -> int:
     from asyncfl_jax.experiment import run_config
 
     callbacks = []
+    if args.tensorboard is not None and not args.tensorboard.strip():
+        raise ConfigError("invalid option --tensorboard = '': give a folder for the event files (e.g. "
+                          f"{os.path.join(cfg.output, 'tensorboard')})")
     if args.tensorboard is not None:
         from asyncfl_jax.engine.callbacks import TensorBoardLogger
 

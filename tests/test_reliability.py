@@ -110,3 +110,24 @@ def test_the_initialization_is_checked_with_xla_memory_analysis_before_it_runs(m
     with pytest.raises(MemoryRefusal, match="initialization needs"):
         afl.simulate(task, afl.fedbuff(), schedule, afl.LocalConfig(steps=1), eval_every=3, progress=False)
     assert checked == ["initialization"]
+
+
+# ---------------------------------------------------------------------------------------------------- dropped input
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "1000000000000"], "--steps 1000000000000 and --arrivals 12 cannot be combined"),
+    (["--hparam", "client_lr=0.1,,0.2"], "invalid option --hparam client_lr = '0.1,,0.2': values must be numbers "
+                                         "separated by commas, without an empty item"),
+    (["--hparam", "client_lr=0.1,"], "without an empty item"),
+    (["--seeds", "0,,1"], "invalid option --seeds = '0,,1': must be comma-separated integers, without an empty"),
+    (["--tensorboard", ""], "invalid option --tensorboard = '': give a folder for the event files"),
+    (["--config", "{tmp}/twice.json"], "the key 'num_clients' appears twice in one object"),
+    (["--out", "{tmp}/dangling"], "is a symbolic link to 'nowhere/at/all', which does not exist (a dangling link)"),
+])
+def test_input_that_would_be_dropped_is_refused(capsys, tmp_path, argv, message):
+    (tmp_path / "twice.json").write_text('{"data": {"num_clients": 6, "num_clients": 600}}')
+    os.symlink("nowhere/at/all", tmp_path / "dangling")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    out = [] if "--out" in argv else ["--out", str(tmp_path / "out")]
+    code, err = _run(capsys, *out, *argv)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "out").exists() and sorted(os.listdir(tmp_path)) == ["dangling", "twice.json"]
