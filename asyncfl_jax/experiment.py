@@ -22,6 +22,7 @@ import glob
 import json
 import logging
 import os
+import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -353,6 +354,42 @@ def check_unchanged(cfg: ExperimentConfig) -> None:
                 + ". Nothing was changed: restore config.json, or start over with --overwrite or another --out")
 
 
+def check_saved_runs(cfg: ExperimentConfig) -> None:
+    """Refuses (``ConfigError``) to continue in ``cfg.output`` when a run's saved state cannot be used by this
+    version of the package: a History it cannot read (another format, or incomplete) without a checkpoint to continue
+    from, or a checkpoint of another format (format 1: ``state-<chunk>.npz`` files of a version before orbax) or an
+    unreadable record. Every run is checked before anything is recomputed, replaced or written (read-only); ``cfg``
+    is resolved."""
+    meta_config = _comparable(cfg.to_dict())
+    problems = []
+    for run in cfg.runs:
+        folder = checkpoint_dir_for(cfg.output, run)
+        if not os.path.isdir(folder):
+            continue
+        has_history = os.path.lexists(os.path.join(folder, "history.json"))
+        if has_history and load_history(folder, {"config": meta_config, "run": run.name}) is not None:
+            continue
+        try:
+            record = checkpoint.read_record(folder)
+        except checkpoint.CheckpointError as e:
+            problems.append(f"run {run.name}: {e}")
+            continue
+        old_states = sorted(name for name in os.listdir(folder) if re.fullmatch(r"state-\d+\.npz", name))
+        if record is None and old_states:
+            problems.append(f"run {run.name}: {folder} holds {old_states[0]}, a checkpoint of format 1 (asyncfl_jax "
+                            "before orbax), which this version cannot read")
+        elif record is None and has_history:
+            problems.append(f"run {run.name}: its saved History {os.path.join(folder, 'history.json')} cannot be read "
+                            "by this version (another format, or incomplete) and there is no checkpoint to continue "
+                            "from")
+    if problems:
+        raise ConfigError(
+            f"cannot resume in {cfg.output}: it was written by another version of asyncfl_jax ("
+            + "; ".join(problems) + "). Nothing was changed. To keep its results, finish it with the version that "
+            "wrote it (environment.json names it); or run it again with another --out (or with --overwrite, which "
+            "deletes what the folder's manifest.json lists, where it has one)")
+
+
 def decide_output(cfg: ExperimentConfig, overwrite: bool = False, resume: bool = False, check_lock: bool = True) -> str:
     """What writing ``cfg`` to ``cfg.output`` does, or a ``ConfigError`` saying why it cannot (read-only):
 
@@ -383,6 +420,7 @@ def decide_output(cfg: ExperimentConfig, overwrite: bool = False, resume: bool =
         if status.kind == "foreign":
             raise ConfigError(f"cannot resume in {out}: it holds no asyncfl results (no readable config.json)")
         check_unchanged(cfg)
+        check_saved_runs(cfg)
         return "continue"
     if overwrite:
         clash = outputs.unlisted_targets(out, manifest, run_targets(cfg))

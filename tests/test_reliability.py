@@ -131,3 +131,53 @@ def test_input_that_would_be_dropped_is_refused(capsys, tmp_path, argv, message)
     code, err = _run(capsys, *out, *argv)
     assert code == 2 and message in err, err
     assert not (tmp_path / "out").exists() and sorted(os.listdir(tmp_path)) == ["dangling", "twice.json"]
+
+
+# ---------------------------------------------------------------------------------------------------- other versions
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished run of TINY (copied, never changed)."""
+    out = tmp_path_factory.mktemp("finished") / "out"
+    assert cli.main(["run", "--out", str(out), *TINY]) == 0
+    return out
+
+
+def _snapshot(root):
+    return {os.path.relpath(os.path.join(d, n), root): open(os.path.join(d, n), "rb").read()
+            for d, _, names in os.walk(root) for n in names}
+
+
+def _as_format_1(folder):
+    """What an interrupted run of the checkpoint format before orbax left: no manifest, a record of format 1 and a
+    ``state-<chunk>.npz`` state, no History."""
+    (folder / "manifest.json").unlink()
+    run = folder / "checkpoints" / "fedbuff"
+    for name in ("history.json", "history.npz"):
+        (run / name).unlink()
+    (run / "checkpoint.json").write_text(json.dumps({"format": 1, "next_chunk": 1, "state_file": "state-1.npz"}))
+    np.savez(run / "state-1.npz", carry=np.zeros(3))
+
+
+def _history_of_another_format(folder):
+    path = folder / "checkpoints" / "fedbuff" / "history.json"
+    record = json.loads(path.read_text())
+    record["format"] = 0
+    path.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("age, message", [(_as_format_1, "checkpoint of format 2 (a .npz checkpoint of asyncfl_jax "
+                                                         "before orbax"),
+                                          (_history_of_another_format, "cannot be read by this version")])
+def test_resume_of_a_folder_of_another_version_is_refused_leaving_every_file(capsys, finished, tmp_path, age,
+                                                                               message):
+    import shutil
+
+    out = tmp_path / "old"
+    shutil.copytree(finished, out)
+    age(out)
+    before = _snapshot(out)
+    code = cli.main(["run", "--resume", str(out), "--no-progress", "--no-plot"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"cannot resume in {out}: it was written by another version" in err and message in err, err
+    assert "Nothing was changed" in err and "Traceback" not in err
+    assert _snapshot(out) == before
