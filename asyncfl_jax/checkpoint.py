@@ -339,16 +339,20 @@ def _write_state(path: str, arrays: Mapping[str, Any]) -> None:
     removes it otherwise: orbax's writing threads may still add to it for a moment)."""
     import orbax.checkpoint as ocp
 
+    from asyncfl_jax.quiet import library_logs_held
+
     checkpointer = _checkpointer()
-    try:
-        checkpointer.save(path, args=ocp.args.PyTreeSave(dict(arrays)))
-    except Exception as e:  # orbax and tensorstore raise many types (OSError, ValueError, RuntimeError...)
+    with library_logs_held():  # orbax's threads would log each failure with its traceback; it is raised below
+        try:
+            checkpointer.save(path, args=ocp.args.PyTreeSave(dict(arrays)))
+        except Exception as e:  # orbax and tensorstore raise many types (OSError, ValueError, RuntimeError...)
+            with contextlib.suppress(Exception):
+                checkpointer.close()
+            directory = os.path.dirname(path)
+            _remove_stale(directory, keep=_current_state(directory))
+            raise CheckpointError(f"the checkpoint state {path} could not be written ({type(e).__name__}: "
+                                  f"{_shorter(str(e))}); the previous checkpoint, if any, is kept") from e
         checkpointer.close()
-        directory = os.path.dirname(path)
-        _remove_stale(directory, keep=_current_state(directory))
-        raise CheckpointError(f"the checkpoint state {path} could not be written ({type(e).__name__}: "
-                              f"{_shorter(str(e))}); the previous checkpoint, if any, is kept") from e
-    checkpointer.close()
 
 
 def save(directory: str, identity: Mapping[str, Any], state: LoopState, num_chunks: int) -> str:

@@ -476,8 +476,10 @@ def _describe(error: BaseException, out: str) -> tuple[str, int]:
         return (f"the data cannot be split over the clients as configured: {error} (options data.num_clients, "
                 "data.min_size, data.shards_per_client, data.partition)"), 2
     if isinstance(error, CheckpointError) and _no_space(error):  # a save that failed for a full disk
-        return (f"{error}; free some space, then continue with: asyncfl run --resume {out} (the previous checkpoint "
-                "is kept)"), 2
+        if os.path.isfile(os.path.join(out, "config.json")):
+            return (f"no space left on the device: {error}; free some space, then continue with: asyncfl run "
+                    f"--resume {out} (the previous checkpoint is kept)"), 2
+        return f"no space left on the device: {error}; free some space, then run the command again", 2
     if isinstance(error, (InputError, CheckpointError)):
         return str(error), 2
     if isinstance(error, MemoryRefusal):  # the budget's own message names the sizes and the option to lower
@@ -508,11 +510,19 @@ def _out_of_memory(error: BaseException) -> bool:
         mark in text for mark in OUT_OF_MEMORY_MARKS) or "resource_exhausted" in text
 
 
+NO_SPACE_MARKS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT), f"os_error_code='{errno.ENOSPC}'",
+                  f"os_error_code='{errno.EDQUOT}'")
+"""How a full disk reads in the message of an error that is no ``OSError`` (tensorstore's, raised by orbax)."""
+
+
 def _no_space(error: BaseException) -> bool:
-    """Whether ``error`` or one of its causes is a full disk (ENOSPC, EDQUOT)."""
+    """Whether ``error`` or one of its causes is a full disk (ENOSPC, EDQUOT), also as tensorstore words it inside
+    orbax (a ``ValueError`` "... No space left on device [os_error_code='28']")."""
     seen = 0
     while error is not None and seen < 10:
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(mark in str(error) for mark in NO_SPACE_MARKS):
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False

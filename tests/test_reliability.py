@@ -181,3 +181,46 @@ def test_resume_of_a_folder_of_another_version_is_refused_leaving_every_file(cap
     assert code == 2 and f"cannot resume in {out}: it was written by another version" in err and message in err, err
     assert "Nothing was changed" in err and "Traceback" not in err
     assert _snapshot(out) == before
+
+
+# ---------------------------------------------------------------------------------------------------- disk full
+NO_SPACE = ("RESOURCE_EXHAUSTED: Error writing \"c0000/0.0\" in OCDBT database at local file \"{path}\": Failed to "
+            "write 306201 bytes to file 21: No space left on device [os_error_code='28']")
+
+
+@pytest.mark.parametrize("failing_save", [1, 2])
+def test_a_full_disk_inside_orbax_is_one_message_with_what_to_do(capfd, tmp_path, monkeypatch, failing_save):
+    """The fault is raised where tensorstore's would be, inside orbax's writing thread (which logs it with its
+    traceback, and tensorstore's callbacks print more when the event loop is closed): one message, exit 2, and the
+    hint to free space and resume (or, when nothing was saved yet, to run the command again)."""
+    from orbax.checkpoint._src.serialization import serialization
+
+    from asyncfl_jax import checkpoint
+
+    if not hasattr(serialization, "estimate_write_memory_footprint"):
+        pytest.skip("orbax's writing path changed: no place to inject the fault")
+    saves, real_write, real_estimate = [], checkpoint._write_state, serialization.estimate_write_memory_footprint
+
+    def write_state(path, arrays):
+        saves.append(path)
+        return real_write(path, arrays)
+
+    def estimate(array):
+        if len(saves) == failing_save:
+            raise ValueError(NO_SPACE.format(path=saves[-1]))
+        return real_estimate(array)
+
+    monkeypatch.setattr(checkpoint, "_write_state", write_state)
+    monkeypatch.setattr(serialization, "estimate_write_memory_footprint", estimate)
+    out = tmp_path / "out"
+    code = cli.main(["run", *TINY, "--out", str(out)])
+    err = capfd.readouterr().err
+    assert code == 2 and "Traceback" not in err and "ERROR:absl" not in err, err
+    assert len(err.strip().splitlines()) <= 4, err
+    assert "asyncfl: error: no space left on the device: the checkpoint state" in err, err
+    if failing_save == 1:
+        assert err.rstrip().endswith("free some space, then run the command again") and not out.exists(), err
+    else:
+        assert f"free some space, then continue with: asyncfl run --resume {out}" in err, err
+        monkeypatch.undo()
+        assert cli.main(["run", "--resume", str(out), "--no-progress", "--no-plot"]) == 0
