@@ -312,7 +312,21 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         if isinstance(proto, dict) and "concurrency" in proto and proto["concurrency"] is None:
             proto["concurrency"] = raw["data"].get("num_clients") if isinstance(raw.get("data"), dict) else None
     put("output", args.out)
+    _absolute_paths(raw)
     return ExperimentConfig.from_dict(raw)
+
+
+def _absolute_paths(raw: dict[str, Any]) -> None:
+    """Makes the input paths of a configuration absolute (relative ones are relative to the current folder):
+    ``data.path`` and every run's ``schedule_files``. ``config.json`` then names the same files whatever folder
+    ``asyncfl run --resume`` is started from. Values of other types are left for the validation to refuse."""
+    data = raw.get("data")
+    if isinstance(data, dict) and isinstance(data.get("path"), str) and data["path"].strip():
+        data["path"] = os.path.abspath(data["path"])
+    for run in raw.get("runs") or []:
+        files = run.get("schedule_files") if isinstance(run, dict) else None
+        if isinstance(files, list):
+            run["schedule_files"] = [os.path.abspath(f) if isinstance(f, str) and f.strip() else f for f in files]
 
 
 def config_from_argv(argv: Sequence[str]) -> ExperimentConfig:

@@ -224,3 +224,13 @@ def test_a_full_disk_inside_orbax_is_one_message_with_what_to_do(capfd, tmp_path
         assert f"free some space, then continue with: asyncfl run --resume {out}" in err, err
         monkeypatch.undo()
         assert cli.main(["run", "--resume", str(out), "--no-progress", "--no-plot"]) == 0
+
+
+# ---------------------------------------------------------------------------------------------------- relative paths
+def test_relative_input_paths_are_stored_absolute(tmp_path, monkeypatch):
+    """config.json names the same files whatever folder `asyncfl run --resume` is started from."""
+    monkeypatch.chdir(tmp_path)
+    cfg = cli.config_from_argv(["--dataset", "fashion_mnist", "--data-dir", "fm",
+                                "--set", 'runs.schedule_files=["s/a.npz"]'])
+    assert cfg.data.path == str(tmp_path / "fm")
+    assert all(run.schedule_files == [str(tmp_path / "s" / "a.npz")] for run in cfg.runs)
