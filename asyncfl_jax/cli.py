@@ -98,6 +98,10 @@ def _build_parser() -> argparse.ArgumentParser:
     multi.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address (env ASYNCFL_COORDINATOR)")
     multi.add_argument("--num-processes", type=int, metavar="N", help="processes of the run (env ASYNCFL_NUM_PROCESSES)")
     multi.add_argument("--process-id", type=int, metavar="I", help="this process, 0..N-1 (env ASYNCFL_PROCESS_ID)")
+    multi.add_argument("--coordinator-timeout", type=float, metavar="SECONDS",
+                       help="end with exit code 2 when the coordinator or a process does not show up within this "
+                            "time; also the heartbeat timeout after which a silent process is declared dead (default "
+                            "120; env ASYNCFL_COORDINATOR_TIMEOUT)")
     multi.add_argument("--cluster", action="store_true",
                        help="let jax.distributed.initialize() read the cluster's environment (SLURM, Open MPI)")
     run.add_argument("--no-compile-cache", action="store_true",
@@ -383,10 +387,17 @@ def _check_output(cfg: ExperimentConfig, overwrite: bool) -> bool:
     """Output safety before anything is loaded or compiled (read-only: what ``--overwrite`` deletes is deleted by
     ``run_config`` under the folder's lock, once the data are loaded); returns whether to continue the run found
     there (see :func:`asyncfl_jax.experiment.decide_output`)."""
+    from asyncfl_jax import distributed
     from asyncfl_jax.experiment import decide_output, output_status
 
-    resume = not overwrite and output_status(cfg).kind == "unfinished"
-    decision = decide_output(cfg, overwrite=overwrite, resume=resume)
+    def decide() -> str:
+        resume = not overwrite and output_status(cfg).kind == "unfinished"
+        return decide_output(cfg, overwrite=overwrite, resume=resume)
+
+    # process 0 decides (it holds the folder's lock); in a multi-process run the others follow its decision
+    decision = distributed.from_primary(decide, ("new", "continue", "overwrite"))
+    if not distributed.is_primary():
+        return decision == "continue"
     if decision == "overwrite":
         print(f"asyncfl: --overwrite: the earlier results in {cfg.output} (those its manifest.json lists, nothing "
               "else) are deleted once the data are loaded")
@@ -580,7 +591,8 @@ def _command(args: argparse.Namespace) -> int:
     try:  # before anything touches a JAX device
         from asyncfl_jax.distributed import initialize_from_options
 
-        initialize_from_options(args.coordinator, args.num_processes, args.process_id, cluster=args.cluster)
+        initialize_from_options(args.coordinator, args.num_processes, args.process_id, cluster=args.cluster,
+                                timeout=args.coordinator_timeout)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if not args.print_config:  # compiled programs are reused by the next identical run (compile_cache.py)

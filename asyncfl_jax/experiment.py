@@ -540,7 +540,9 @@ def run_config(
         return _run_all(cfg, None, False, progress, plot, None, False, callbacks)
     check_output_paths(cfg)
     with outputs.OutputLock(cfg.output) if files else contextlib.nullcontext():  # process 0 holds the lock
-        decision = decide_output(cfg, overwrite=overwrite, resume=resume, check_lock=files)
+        decision = distributed.from_primary(  # process 0 decides (it holds the lock); the others follow it
+            lambda: decide_output(cfg, overwrite=overwrite, resume=resume, check_lock=files),
+            ("new", "continue", "overwrite"))
         distributed.sync("run_config:checked")  # every process looked at the output folder before anything is written
         return _run_all(cfg, decision, files, progress, plot, checkpoint_every if checkpointing else None,
                         decision == "continue", callbacks)
