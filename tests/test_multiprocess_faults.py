@@ -95,3 +95,49 @@ def test_a_missing_coordinator_ends_with_exit_2_within_the_timeout(tmp_path):
     assert "Check failure" not in done.stderr and "Traceback" not in done.stderr
     assert time.monotonic() - t0 < 60
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("me", [0, 1])
+def test_only_process_0_judges_the_output_folder_and_the_others_follow(monkeypatch, me):
+    """Process 1 neither looks at the folder (where process 0 holds the lock and may be writing already) nor
+    decides otherwise than process 0; a refusal of process 0 stops the others with a message saying so."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    from asyncfl_jax import distributed
+    from asyncfl_jax.errors import InputError
+
+    sent = []
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: me)
+    monkeypatch.setattr(multihost_utils, "broadcast_one_to_all",
+                        lambda x: sent.append(int(x)) or (np.int32(1) if me else x))  # process 0 said "continue"
+
+    def decide():
+        assert me == 0, "a process other than 0 judged the folder"
+        return "continue"
+
+    assert distributed.from_primary(decide, ("new", "continue", "overwrite")) == "continue"
+
+    def refuse():
+        raise InputError("out is in use by another asyncfl run")
+
+    monkeypatch.setattr(multihost_utils, "broadcast_one_to_all", lambda x: np.int32(-1))
+    with pytest.raises(InputError, match="in use" if me == 0 else "process 0 refused the run"):
+        distributed.from_primary(refuse if me == 0 else decide, ("new", "continue", "overwrite"))
+
+
+def test_a_two_process_run_of_the_command_is_not_refused_by_its_own_lock(tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, LAUNCHER, "-n", "2", "--", sys.executable, "-m", "asyncfl_jax.cli", "run",
+               "--no-progress", "--no-plot", "--model", "logreg", "--algorithm", "fedbuff", "--set",
+               "data.num_clients=6", "--set", "data.synthetic_max_samples=60", "--set", "runs.protocol.concurrency=4",
+               "--set", "runs.protocol.buffer_size=1", "--arrivals", "8", "--set", "local.steps=1", "--set",
+               "eval_points=1", "--seeds", "0,1", "--shard-replicas", "--coordinator-timeout", "60", "--out", str(out)]
+    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=240)
+    if done.returncode != 0 and "gloo" in done.stderr.lower() and "available" in done.stderr.lower():
+        pytest.skip("this jaxlib has no gloo CPU collectives")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "in use by another asyncfl run" not in done.stdout + done.stderr
+    assert (out / "metrics.csv").is_file() and not (out / ".asyncfl.lock").exists()
