@@ -92,6 +92,7 @@ def uninstall() -> None:
             previous = _previous.pop(signum, default)
             signal.signal(signum, default if previous is None else previous)
     _pending.clear()
+    _agreement.clear()
 
 
 def hold() -> None:
@@ -120,10 +121,44 @@ def held() -> Iterator[None]:
 
 
 def check() -> None:
-    """Raises :class:`Interrupted` when a signal was recorded (outside a :func:`held` block). The signal stays
-    recorded: every later check raises again, so an exception that something swallowed never loses it."""
-    if _pending and _depth == 0:
-        raise Interrupted(_pending[0])
+    """Raises :class:`Interrupted` when a signal was recorded (outside a :func:`held` block; while the processes of a
+    run must agree, only the signal they agreed on, :func:`agree`). The signal stays recorded: every later check
+    raises again, so an exception that something swallowed never loses it."""
+    signum = stop_signal()
+    if signum is not None and _depth == 0:
+        raise Interrupted(signum)
+
+
+_agreement: list[int | None] = []  # while the processes of a run must agree: [the signal agreed on, or None]
+
+
+def start_agreement() -> None:
+    """From now on :func:`check` and :func:`stop_signal` act only on the signal the processes of a multi-process run
+    agreed on (:func:`agree`), so that every process stops after the same chunk (a process that stopped alone would
+    leave the others waiting in a collective forever)."""
+    _agreement[:] = [None]
+
+
+def end_agreement() -> None:
+    """Back to acting on this process's own recorded signal."""
+    _agreement.clear()
+
+
+def agree(signum: int | None) -> None:
+    """Records the signal the processes agreed on (the largest any of them recorded, gathered by the caller in one
+    collective at the same point of every process), also in this process when it received none itself."""
+    if signum:
+        if not _pending:
+            _pending.append(int(signum))
+        if _agreement:
+            _agreement[0] = int(signum)
+
+
+def stop_signal() -> int | None:
+    """The signal to act on: the recorded one, or, while the processes must agree, the one they agreed on."""
+    if _agreement:
+        return _agreement[0]
+    return pending()
 
 
 def pending() -> int | None:

@@ -703,7 +703,7 @@ def stop_on_signals(enabled: bool = True) -> Iterator[StopRequest]:
     from asyncfl_jax import _signals
 
     if enabled and _signals.handlers_installed():
-        yield StopRequest(_signals.pending)
+        yield StopRequest(_signals.stop_signal)
         return
     request = StopRequest()
     if not enabled or threading.current_thread() is not threading.main_thread():

@@ -250,6 +250,16 @@ def initialize_from_options(coordinator: str | None = None, num_processes: int |
     return initialize(coordinator, num_processes, process_id, cluster=cluster, timeout=timeout)
 
 
+def largest_everywhere(value: int) -> int:
+    """The largest of the processes' ``value`` (one small collective; every process must call it at the same
+    point), ``value`` itself with one process."""
+    if jax.process_count() == 1:
+        return int(value)
+    from jax.experimental import multihost_utils
+
+    return int(np.max(np.asarray(multihost_utils.process_allgather(np.int32(value)))))
+
+
 def from_primary(decide: Callable[[], str], choices: Sequence[str]) -> str:
     """``decide()`` computed by process 0 alone and shared with every process (one small collective): what the
     output folder holds is process 0's to judge (it holds the folder's lock), so the others follow its decision

@@ -110,3 +110,30 @@ def test_a_signal_inside_a_garbage_collection_callback_is_not_lost():
     finally:
         gc.callbacks.remove(callback)
         _signals.uninstall()
+
+
+def test_the_processes_of_a_run_act_on_the_signal_they_agreed_on():
+    """In a multi-process run a process acts on a signal only once the processes agreed on it (after the same
+    chunk), also one that only another process received; a process stopping alone would leave the others waiting."""
+    assert _signals.install()
+    try:
+        _signals.start_agreement()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert _signals.pending() == signal.SIGTERM and _signals.stop_signal() is None
+        _signals.check()  # not agreed yet: nothing happens
+        _signals.agree(0)  # no process had one when they compared
+        _signals.check()
+        _signals.agree(signal.SIGTERM)
+        with pytest.raises(_signals.Interrupted) as caught:
+            _signals.check()
+        assert caught.value.exit_code == 143
+        _signals.end_agreement()
+        _signals.uninstall()
+        assert _signals.install()
+        _signals.start_agreement()
+        _signals.agree(signal.SIGINT)  # received by another process only
+        assert _signals.pending() == signal.SIGINT and _signals.stop_signal() == signal.SIGINT
+    finally:
+        _signals.end_agreement()
+        _signals.uninstall()

@@ -21,7 +21,7 @@ import numpy as np
 from asyncfl_jax import _signals, checkpoint
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig, check_optimizer_hparams
-from asyncfl_jax.distributed import check_same_everywhere, to_host
+from asyncfl_jax.distributed import check_same_everywhere, largest_everywhere, to_host
 from asyncfl_jax.errors import InputError
 from asyncfl_jax.engine.budget import MemoryBudget, check_compiled, memory_budget
 from asyncfl_jax.engine.history import make_history
@@ -411,19 +411,29 @@ class HostLoop:
     def run(self, state: checkpoint.LoopState | None = None) -> checkpoint.LoopState:
         """Runs the remaining chunks from ``state`` (restored) or from the start; returns the final state (in the
         run's precision scope, :func:`~asyncfl_jax.precision.precision_scope`)."""
-        with precision_scope(self.run_spec.precision):
-            return self._run(state)
+        agreeing = jax.process_count() > 1  # every process stops after the same chunk: on the signal they agree on
+        if agreeing:
+            _signals.start_agreement()
+        try:
+            with precision_scope(self.run_spec.precision):
+                return self._run(state)
+        finally:
+            if agreeing:
+                _signals.end_agreement()
 
     def _run(self, state: checkpoint.LoopState | None) -> checkpoint.LoopState:
         self.state = self.initial_state() if state is None else self.restored(state)
         self._compile_before, self._run_before = self.state.compile_seconds, self.state.run_seconds
         self._start_wall = time.perf_counter()
         completed = False
+        processes = jax.process_count()
         self._call("on_start")
         try:
             while not self.finished:
                 _signals.check()  # a signal the command recorded (its handlers only set a flag): stop here
                 update = self.run_chunk()
+                if processes > 1:
+                    _signals.agree(largest_everywhere(_signals.pending() or 0))
                 self._call("on_chunk", update)
             _signals.check()
             completed = True
