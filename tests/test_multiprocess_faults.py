@@ -73,11 +73,13 @@ def test_sigterm_to_the_launcher_reaches_every_process_and_leaves_none(tmp_path,
     assert not any(_alive(pid) for pid in pids), "a process was left behind"
 
 
-def test_a_killed_process_is_named_and_the_others_are_stopped(tmp_path):
-    proc, pids = _launch(tmp_path, killed=1)
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_killed_process_is_named_and_the_others_are_stopped(tmp_path, killed):
+    proc, pids = _launch(tmp_path, killed=killed)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGKILL, err
-    assert "launch_local: process 1 was killed by SIGKILL; stopping the other processes (coordinator localhost:" in err
+    assert (f"launch_local: process {killed} was killed by SIGKILL; stopping the other processes (coordinator "
+            "localhost:") in err
     assert not any(_alive(pid) for pid in pids)
 
 
