@@ -3,10 +3,11 @@ compiled, with an error naming the argument, the value given and what is allowed
 
 A wrong type raises ``TypeError`` (``simulate(None, ...)``: "task must be a Task (from make_task), got None"), a value
 of the right type out of range a ``ValueError``. ``bool`` is never taken for an integer (``steps=True`` is refused),
-nor an integer for a ``bool`` flag. :func:`check_simulate`, :func:`check_make_task` and :func:`check_make_schedule`
-check the arguments of :func:`~asyncfl_jax.engine.simulate`, :func:`~asyncfl_jax.task.make_task` and
-:func:`~asyncfl_jax.timing.protocols.make_schedule`; :class:`~asyncfl_jax.client.LocalConfig` checks its fields'
-types when it is made (:func:`check_int` and the others).
+nor an integer for a ``bool`` flag. The checks here know no class of the package (it imports none of its modules);
+:func:`~asyncfl_jax.engine.arguments.check_simulate`, ``check_make_task`` (:mod:`asyncfl_jax.task`) and
+``check_make_schedule`` (:mod:`asyncfl_jax.timing.protocols`) use them for :func:`~asyncfl_jax.engine.simulate`,
+:func:`~asyncfl_jax.task.make_task` and :func:`~asyncfl_jax.timing.protocols.make_schedule`, and
+:class:`~asyncfl_jax.client.LocalConfig` checks its fields' types when it is made.
 """
 
 from __future__ import annotations
@@ -139,84 +140,3 @@ def check_path(name: str, value: Any, optional: bool = True) -> None:
     if not isinstance(value, (str, os.PathLike)) or value == "":
         raise TypeError(f"{name} must be a folder path (a non-empty string){' or None' if optional else ''}, "
                         f"{_got(value)}")
-
-
-def check_simulate(task: Any, algorithm: Any, schedules: Any, local: Any, seeds: Any, hparams: Any, eval_every: Any,
-                   progress: Any, label: Any, shard_jobs: Any, shard_replicas: Any, shard_clients: Any,
-                   lookahead: Any, checkpoint_dir: Any, checkpoint_every: Any, resume: Any, callbacks: Any,
-                   precision: Any, trajectory: Any, replica_batch: Any) -> None:
-    """The types (and simple ranges) of :func:`~asyncfl_jax.engine.simulate`'s arguments, before anything is
-    built; the finer checks (hyper-parameter names and values, seeds' range, schedule sizes) follow in
-    ``prepare_run``."""
-    from asyncfl_jax.algorithms.base import Algorithm
-    from asyncfl_jax.client import LocalConfig
-    from asyncfl_jax.task import Task
-    from asyncfl_jax.timing.clock import EventClock
-    from asyncfl_jax.timing.schedule import Schedule
-
-    check_instance("task", task, Task, "a Task (from make_task)")
-    check_instance("algorithm", algorithm, Algorithm, "an Algorithm (e.g. afl.fedbuff(), afl.get_algorithm(name))")
-    timelines = (Schedule, EventClock)
-    if not isinstance(schedules, timelines):
-        if not isinstance(schedules, (list, tuple)) or not schedules:
-            raise TypeError("schedules must be a Schedule (from make_schedule), an EventClock, or a non-empty list of "
-                            f"them (one per seed), {_got(schedules)}")
-        for i, s in enumerate(schedules):
-            check_instance(f"schedules[{i}]", s, timelines, "a Schedule (from make_schedule) or an EventClock")
-    if local is not None:
-        check_instance("local", local, LocalConfig, "a LocalConfig or None")
-    check_seeds(seeds)
-    check_hparams(hparams)
-    check_int("eval_every", eval_every, minimum=1)
-    check_bool("progress", progress)
-    check_str("label", label, optional=True)
-    for name, flag in (("shard_jobs", shard_jobs), ("shard_replicas", shard_replicas),
-                       ("shard_clients", shard_clients), ("resume", resume)):
-        check_bool(name, flag)
-    check_int("lookahead", lookahead, minimum=1)
-    check_path("checkpoint_dir", checkpoint_dir)
-    check_int("checkpoint_every", checkpoint_every, minimum=1)
-    check_callbacks(callbacks)
-    check_str("precision", precision)
-    if not (trajectory is None or isinstance(trajectory, (bool, np.bool_)) or callable(trajectory)):
-        raise TypeError("trajectory must be True, False/None, or a function of the flat global model (e.g. "
-                        f"lambda x: x[:10]), {_got(trajectory)}")
-    check_int("replica_batch", replica_batch, minimum=1, optional=True)
-
-
-def check_make_task(dataset: Any, parts: Any, model: Any, train_eval_size: Any, seed: Any,
-                    client_test_fraction: Any, validation_fraction: Any, eval_clients: Any, loss: Any) -> None:
-    """The types of :func:`~asyncfl_jax.task.make_task`'s arguments (the values are checked there)."""
-    from asyncfl_jax.data.client_data import Dataset
-    from asyncfl_jax.losses import Loss
-    from asyncfl_jax.models.core import Model
-
-    check_instance("dataset", dataset, Dataset, "a Dataset (e.g. afl.data.synthetic_leaf(...))")
-    if isinstance(parts, (str, bytes, Mapping)) or not isinstance(parts, (Sequence, np.ndarray)) or len(parts) == 0:
-        raise TypeError(f"parts must be a non-empty list of integer index arrays (one per client), {_got(parts)}")
-    for i, part in enumerate(parts):
-        array = part if isinstance(part, np.ndarray) else None
-        if array is None and isinstance(part, (list, tuple, range)):
-            array = np.asarray(part) if len(part) else np.zeros((0,), np.int64)
-        if array is None or array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
-            raise TypeError(f"parts[{i}] must be a 1-D array of integer example indices, {_got(part)}")
-    check_instance("model", model, Model, "a Model (from make_model or model_from_apply)")
-    check_int("train_eval_size", train_eval_size, minimum=1)
-    check_int("seed", seed, minimum=0)
-    check_real("client_test_fraction", client_test_fraction)
-    check_real("validation_fraction", validation_fraction)
-    check_int("eval_clients", eval_clients, minimum=1, optional=True)
-    if not (loss is None or isinstance(loss, (str, Loss))):
-        raise TypeError(f"loss must be None, 'classification', 'regression' or a Loss, {_got(loss)}")
-
-
-def check_make_schedule(protocol: Any, num_clients: Any, num_steps: Any, delays: Any, seed: Any) -> None:
-    """The types of :func:`~asyncfl_jax.timing.protocols.make_schedule`'s positional arguments."""
-    from asyncfl_jax.timing.delays import DelayModel
-
-    check_str("protocol", protocol)
-    check_int("num_clients", num_clients, minimum=1)
-    check_int("num_steps", num_steps, minimum=1)
-    if not isinstance(delays, (DelayModel, Mapping)):
-        raise TypeError(f"delays must be a DelayModel or its to_dict() form, {_got(delays)}")
-    check_int("seed", seed, minimum=0)

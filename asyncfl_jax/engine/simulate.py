@@ -6,7 +6,7 @@ import logging
 from typing import Any, Callable, Mapping, Sequence
 
 from asyncfl_jax.algorithms.base import Algorithm
-from asyncfl_jax.arguments import check_simulate
+from asyncfl_jax.engine.arguments import check_simulate
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine.callbacks import Checkpoints, DivergenceWarnings, ProgressBar, StopWhenAllDiverged
 from asyncfl_jax.engine.history import make_history
