@@ -1,12 +1,18 @@
-"""Ctrl-C and SIGTERM in the ``asyncfl`` command outside the simulation loop (start-up: imports, data, compile).
+"""Ctrl-C and SIGTERM in the ``asyncfl`` command: a signal sets a flag, the command acts on it at safe points.
 
-Inside the loop the :class:`~asyncfl_jax.engine.callbacks.Checkpoints` callback owns the signals (the current chunk
-finishes and is saved). Outside it, the command installs :func:`handlers`: a signal is recorded and, unless it arrives
-inside a :func:`held` block, raised at once in the main thread as :class:`Interrupted` (a ``KeyboardInterrupt``) so
-that a long phase of Python code (data generation, schedules) stops within a moment. Inside :func:`held` it is only
-recorded and raised when the block ends: the package's own imports are held, because an interrupt raised while a
-C extension initialises leaves it half loaded (an ``ImportError`` traceback, or an interrupt that its import
-machinery swallows so that the run goes on).
+The handlers that :func:`install` puts in place never raise: a signal is only recorded (:func:`pending`). Python runs a
+handler between two bytecodes of whatever the main thread executes, possibly a garbage-collection callback of JAX
+(``_xla_gc_callback``) or a ``__del__`` method, where an exception is printed as "Exception ignored in ..." and dropped:
+an exception raised by the handler could be lost and the run go on to its end. Instead the command checks the flag
+(:func:`check`, which raises :class:`Interrupted`) at points where an exception is safe: between the phases of the
+start-up (configuration, data, schedules, each run's preparation and compilation), before and after every chunk of
+server steps (:class:`~asyncfl_jax.engine.loop.HostLoop`), before and after every checkpoint save
+(:class:`~asyncfl_jax.engine.callbacks.Checkpoints`, which then saves and stops), between runs, and once the command
+is done. A recorded signal stays recorded until :func:`uninstall`, so that no later check misses it. A second Ctrl-C
+while the first is pending stops the process at once (:func:`exit_now`; the last checkpoint written stays).
+
+Inside a :func:`held` block :func:`check` does nothing, so that the package's own imports are never cut short: an
+interrupt raised while a C extension initialises leaves it half loaded.
 
 The command ends an interrupted process with :func:`exit_now`, which flushes the standard streams and leaves without
 the interpreter's finalization: an interrupt that cut a call of the XLA runtime short can otherwise crash the
@@ -47,10 +53,16 @@ _previous: dict[int, Any] = {}
 
 
 def _on_signal(signum: int, frame: Any) -> None:  # noqa: ARG001
+    """Records the signal and returns (never raises; see the module docstring). A second SIGINT while one is
+    pending ends the process at once with code 130."""
+    if _pending and signum == signal.SIGINT and _pending[0] == signal.SIGINT:
+        if not is_cli_process():  # main() called from Python: the usual KeyboardInterrupt
+            raise KeyboardInterrupt
+        with contextlib.suppress(Exception):
+            os.write(2, b"asyncfl: interrupted again: stopping at once (the last checkpoint written is kept)\n")
+        exit_now(128 + int(signum))
     if not _pending:
         _pending.append(int(signum))
-    if _depth == 0:
-        raise Interrupted(_pending.pop())
 
 
 def handlers_installed() -> bool:
@@ -58,7 +70,7 @@ def handlers_installed() -> bool:
 
 
 def install() -> bool:
-    """Installs the recording handlers for SIGINT and SIGTERM (main thread only; returns whether it did). A signal
+    """Installs the recording (flag-setting) handlers for SIGINT and SIGTERM (main thread only; returns whether it did). A signal
     that the process inherited as ignored (``SIG_IGN``, e.g. SIGINT of a background job) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         return False
@@ -80,6 +92,7 @@ def uninstall() -> None:
             previous = _previous.pop(signum, default)
             signal.signal(signum, default if previous is None else previous)
     _pending.clear()
+    _agreement.clear()
 
 
 def hold() -> None:
@@ -89,7 +102,7 @@ def hold() -> None:
 
 
 def release(check_now: bool = True) -> None:
-    """Ends a held section; with ``check_now`` a signal recorded during it is raised (:func:`check`)."""
+    """Ends a held section; with ``check_now`` a recorded signal is raised (:func:`check`)."""
     global _depth
     _depth = max(0, _depth - 1)
     if check_now and _depth == 0:
@@ -98,7 +111,7 @@ def release(check_now: bool = True) -> None:
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
-    """Signals received inside the block are raised when it ends (as :class:`Interrupted`), not inside it."""
+    """:func:`check` does nothing inside the block; a signal received in it is raised when it ends."""
     hold()
     try:
         yield
@@ -108,13 +121,48 @@ def held() -> Iterator[None]:
 
 
 def check() -> None:
-    """Raises :class:`Interrupted` when a signal was recorded and not raised yet."""
-    if _pending and _depth == 0:
-        raise Interrupted(_pending.pop())
+    """Raises :class:`Interrupted` when a signal was recorded (outside a :func:`held` block; while the processes of a
+    run must agree, only the signal they agreed on, :func:`agree`). The signal stays recorded: every later check
+    raises again, so an exception that something swallowed never loses it."""
+    signum = stop_signal()
+    if signum is not None and _depth == 0:
+        raise Interrupted(signum)
+
+
+_agreement: list[int | None] = []  # while the processes of a run must agree: [the signal agreed on, or None]
+
+
+def start_agreement() -> None:
+    """From now on :func:`check` and :func:`stop_signal` act only on the signal the processes of a multi-process run
+    agreed on (:func:`agree`), so that every process stops after the same chunk (a process that stopped alone would
+    leave the others waiting in a collective forever)."""
+    _agreement[:] = [None]
+
+
+def end_agreement() -> None:
+    """Back to acting on this process's own recorded signal."""
+    _agreement.clear()
+
+
+def agree(signum: int | None) -> None:
+    """Records the signal the processes agreed on (the largest any of them recorded, gathered by the caller in one
+    collective at the same point of every process), also in this process when it received none itself."""
+    if signum:
+        if not _pending:
+            _pending.append(int(signum))
+        if _agreement:
+            _agreement[0] = int(signum)
+
+
+def stop_signal() -> int | None:
+    """The signal to act on: the recorded one, or, while the processes must agree, the one they agreed on."""
+    if _agreement:
+        return _agreement[0]
+    return pending()
 
 
 def pending() -> int | None:
-    """The recorded signal not raised yet, or None."""
+    """The recorded signal, or None."""
     return _pending[0] if _pending else None
 
 

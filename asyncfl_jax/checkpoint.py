@@ -339,16 +339,20 @@ def _write_state(path: str, arrays: Mapping[str, Any]) -> None:
     removes it otherwise: orbax's writing threads may still add to it for a moment)."""
     import orbax.checkpoint as ocp
 
+    from asyncfl_jax.quiet import library_logs_held
+
     checkpointer = _checkpointer()
-    try:
-        checkpointer.save(path, args=ocp.args.PyTreeSave(dict(arrays)))
-    except Exception as e:  # orbax and tensorstore raise many types (OSError, ValueError, RuntimeError...)
+    with library_logs_held():  # orbax's threads would log each failure with its traceback; it is raised below
+        try:
+            checkpointer.save(path, args=ocp.args.PyTreeSave(dict(arrays)))
+        except Exception as e:  # orbax and tensorstore raise many types (OSError, ValueError, RuntimeError...)
+            with contextlib.suppress(Exception):
+                checkpointer.close()
+            directory = os.path.dirname(path)
+            _remove_stale(directory, keep=_current_state(directory))
+            raise CheckpointError(f"the checkpoint state {path} could not be written ({type(e).__name__}: "
+                                  f"{_shorter(str(e))}); the previous checkpoint, if any, is kept") from e
         checkpointer.close()
-        directory = os.path.dirname(path)
-        _remove_stale(directory, keep=_current_state(directory))
-        raise CheckpointError(f"the checkpoint state {path} could not be written ({type(e).__name__}: "
-                              f"{_shorter(str(e))}); the previous checkpoint, if any, is kept") from e
-    checkpointer.close()
 
 
 def save(directory: str, identity: Mapping[str, Any], state: LoopState, num_chunks: int) -> str:
@@ -668,10 +672,25 @@ def clear(directory: str) -> None:
 
 # ---------------------------------------------------------------------------------------------------- signals
 class StopRequest:
-    """Set by the signal handlers of :func:`stop_on_signals`; the loop reads ``reason`` at the end of each chunk."""
+    """Set by the signal handlers of :func:`stop_on_signals`; the loop reads ``reason`` ("SIGINT" or "SIGTERM") at
+    the end of each chunk and before and after each save. In the ``asyncfl`` command it reads the flag of the
+    command's own handlers (:mod:`asyncfl_jax._signals`)."""
 
-    def __init__(self) -> None:
-        self.reason: str | None = None
+    def __init__(self, recorded: Any = None) -> None:
+        self._reason: str | None = None
+        self._recorded = recorded  # a function giving the recorded signal number, or None
+
+    @property
+    def reason(self) -> str | None:
+        if self._reason is None and self._recorded is not None:
+            signum = self._recorded()
+            if signum is not None:
+                return signal.Signals(signum).name
+        return self._reason
+
+    @reason.setter
+    def reason(self, value: str | None) -> None:
+        self._reason = value
 
 
 @contextlib.contextmanager
@@ -679,7 +698,13 @@ def stop_on_signals(enabled: bool = True) -> Iterator[StopRequest]:
     """While active, SIGTERM and the first Ctrl-C (SIGINT) only set ``request.reason``, so that the loop can finish
     its chunk, save and stop; a second Ctrl-C raises ``KeyboardInterrupt`` at once. The previous handlers are
     restored on exit. Does nothing outside the main thread (where Python cannot install handlers) or when not
-    ``enabled``."""
+    ``enabled``. Under the ``asyncfl`` command's handlers (which only set a flag, :mod:`asyncfl_jax._signals`) the
+    request reads that flag and no handler is replaced."""
+    from asyncfl_jax import _signals
+
+    if enabled and _signals.handlers_installed():
+        yield StopRequest(_signals.stop_signal)
+        return
     request = StopRequest()
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield request

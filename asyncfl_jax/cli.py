@@ -57,7 +57,12 @@ from asyncfl_jax.algorithms.defaults import AREA_DEFAULT_ARRIVALS, DEFAULT_ARRIV
 
 
 def _parse_list(text: str, cast=float) -> list:
-    return [cast(v) for v in text.split(",") if v.strip()]
+    """``"1,2"`` -> ``[1.0, 2.0]``; an empty item (``"1,,2"``, ``"1,"``) is a ``ValueError``: it would be dropped
+    without a word. Surrounding spaces are fine."""
+    items = text.split(",")
+    if any(not v.strip() for v in items):
+        raise ValueError(f"an empty item in {text!r}")
+    return [cast(v) for v in items]
 
 
 def _version() -> str:
@@ -110,6 +115,10 @@ def _build_parser() -> argparse.ArgumentParser:
     multi.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address (env ASYNCFL_COORDINATOR)")
     multi.add_argument("--num-processes", type=int, metavar="N", help="processes of the run (env ASYNCFL_NUM_PROCESSES)")
     multi.add_argument("--process-id", type=int, metavar="I", help="this process, 0..N-1 (env ASYNCFL_PROCESS_ID)")
+    multi.add_argument("--coordinator-timeout", type=float, metavar="SECONDS",
+                       help="end with exit code 2 when the coordinator or a process does not show up within this "
+                            "time; also the heartbeat timeout after which a silent process is declared dead (default "
+                            "120; env ASYNCFL_COORDINATOR_TIMEOUT)")
     multi.add_argument("--cluster", action="store_true",
                        help="let jax.distributed.initialize() read the cluster's environment (SLURM, Open MPI)")
     run.add_argument("--no-compile-cache", action="store_true",
@@ -266,7 +275,8 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         try:
             raw["seeds"] = _parse_list(args.seeds, int)
         except ValueError:
-            raise ConfigError(f"invalid option --seeds = {args.seeds!r}: must be comma-separated integers") from None
+            raise ConfigError(f"invalid option --seeds = {args.seeds!r}: must be comma-separated integers, without "
+                              "an empty item") from None
     put("eval_every", args.eval_every)
     put("lookahead", args.lookahead)
     put("replica_batch", args.replica_batch)
@@ -304,7 +314,8 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
             try:
                 values = _parse_list(text, float)
             except ValueError:
-                raise ConfigError(f"invalid option --hparam {name} = {text!r}: values must be numbers") from None
+                raise ConfigError(f"invalid option --hparam {name} = {text!r}: values must be numbers separated by "
+                                  "commas, without an empty item") from None
             run.setdefault("hparams", {})[name.strip()] = values[0] if len(values) == 1 else values
         proto = run.setdefault("protocol", {})
         for key, value in (("name", args.protocol), ("concurrency", args.concurrency),
@@ -318,6 +329,9 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
             for key in ("concurrency", "buffer_size", "refill", "participants"):
                 if key not in PROTOCOL_READS.get(args.protocol, ()) and getattr(args, key) is None:
                     proto.pop(key, None)
+        if args.steps is not None and args.arrivals is not None:  # as a config file with both is refused
+            raise ConfigError(f"--steps {args.steps} and --arrivals {args.arrivals} cannot be combined: a run is "
+                              "as long as one of them says (T = arrivals / M); give one")
         if args.steps is not None:
             run["steps"], run["arrivals"] = args.steps, None
         if args.arrivals is not None:
@@ -328,6 +342,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     if not isinstance(runs, list) or not runs or not all(isinstance(run, dict) for run in runs):
         raise ConfigError(f"invalid option runs = {runs!r}: must be a non-empty list of runs (objects)")
     put("output", args.out)
+    _absolute_paths(raw)
     return ExperimentConfig.from_dict(raw)
 
 
@@ -363,6 +378,21 @@ def _put_device_trace(raw: dict[str, Any], args: argparse.Namespace) -> None:
         raw["delays"] = {"fedscale_capacity": args.device_capacity, **kept}
         if args.device_behavior is not None:
             raw["delays"]["fedscale_behavior"] = args.device_behavior
+def _absolute_paths(raw: dict[str, Any]) -> None:
+    """Makes the input paths of a configuration absolute (relative ones are relative to the current folder):
+    ``data.path``, every run's ``schedule_files`` and the device-trace files of ``delays``. ``config.json`` then names the same files whatever folder
+    ``asyncfl run --resume`` is started from. Values of other types are left for the validation to refuse."""
+    data = raw.get("data")
+    if isinstance(data, dict) and isinstance(data.get("path"), str) and data["path"].strip():
+        data["path"] = os.path.abspath(data["path"])
+    for run in raw.get("runs") or []:
+        files = run.get("schedule_files") if isinstance(run, dict) else None
+        if isinstance(files, list):
+            run["schedule_files"] = [os.path.abspath(f) if isinstance(f, str) and f.strip() else f for f in files]
+    delays = raw.get("delays")
+    for key in ("device_trace", "fedscale_capacity", "fedscale_behavior"):  # device-trace files (timing.traces)
+        if isinstance(delays, dict) and isinstance(delays.get(key), str) and delays[key].strip():
+            delays[key] = os.path.abspath(delays[key])
 
 
 def config_from_argv(argv: Sequence[str]) -> ExperimentConfig:
@@ -420,10 +450,17 @@ def _check_output(cfg: ExperimentConfig, overwrite: bool) -> bool:
     """Output safety before anything is loaded or compiled (read-only: what ``--overwrite`` deletes is deleted by
     ``run_config`` under the folder's lock, once the data are loaded); returns whether to continue the run found
     there (see :func:`asyncfl_jax.experiment.decide_output`)."""
+    from asyncfl_jax import distributed
     from asyncfl_jax.experiment import decide_output, output_status
 
-    resume = not overwrite and output_status(cfg).kind == "unfinished"
-    decision = decide_output(cfg, overwrite=overwrite, resume=resume)
+    def decide() -> str:
+        resume = not overwrite and output_status(cfg).kind == "unfinished"
+        return decide_output(cfg, overwrite=overwrite, resume=resume)
+
+    # process 0 decides (it holds the folder's lock); in a multi-process run the others follow its decision
+    decision = distributed.from_primary(decide, ("new", "continue", "overwrite"))
+    if not distributed.is_primary():
+        return decision == "continue"
     if decision == "overwrite":
         print(f"asyncfl: --overwrite: the earlier results in {cfg.output} (those its manifest.json lists, nothing "
               "else) are deleted once the data are loaded")
@@ -437,6 +474,9 @@ def _check_out_path(out: str) -> None:
     """``--out`` must be a path a folder can be made at: no part of it longer than the file system allows, its
     nearest existing parent a folder this user can write into (checked before anything is built or written)."""
     path = os.path.abspath(out)
+    if os.path.islink(path) and not os.path.exists(path):
+        raise ConfigError(f"invalid option --out = {out!r}: it is a symbolic link to {os.readlink(path)!r}, which does "
+                          "not exist (a dangling link); remove the link, make its target, or choose another --out")
     name_max = 255
     with contextlib.suppress(OSError, ValueError, AttributeError):
         name_max = os.pathconf(_existing_parent(path), "PC_NAME_MAX")
@@ -482,6 +522,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _signals.check()  # a signal received while the package imported
         code = _command(args)
+        if code == 0:
+            _signals.check()  # a signal recorded after the last check (the handlers only set a flag): never lost
     except SystemExit:
         raise
     except BaseException as e:  # noqa: BLE001 - the one error boundary of the command
@@ -522,8 +564,10 @@ def _describe(error: BaseException, out: str) -> tuple[str, int]:
         return (f"the data cannot be split over the clients as configured: {error} (options data.num_clients, "
                 "data.min_size, data.shards_per_client, data.partition)"), 2
     if isinstance(error, CheckpointError) and _no_space(error):  # a save that failed for a full disk
-        return (f"{error}; free some space, then continue with: asyncfl run --resume {out} (the previous checkpoint "
-                "is kept)"), 2
+        if os.path.isfile(os.path.join(out, "config.json")):
+            return (f"no space left on the device: {error}; free some space, then continue with: asyncfl run "
+                    f"--resume {out} (the previous checkpoint is kept)"), 2
+        return f"no space left on the device: {error}; free some space, then run the command again", 2
     if isinstance(error, (InputError, CheckpointError)):
         return str(error), 2
     if isinstance(error, MemoryRefusal):  # the budget's own message names the sizes and the option to lower
@@ -534,7 +578,7 @@ def _describe(error: BaseException, out: str) -> tuple[str, int]:
                 "seeds or swept hyper-parameters, the model), or run on a machine with more memory"), 2
     if isinstance(error, OSError):
         return _describe_os_error(error, out), 2
-    if "RESOURCE_EXHAUSTED" in str(error):  # an XLA allocation failed (jaxlib's XlaRuntimeError)
+    if _out_of_memory(error):  # an XLA allocation failed (jaxlib's XlaRuntimeError)
         first = str(error).strip().splitlines()[0][:300]
         return (f"the accelerator ran out of memory ({first}); lower data.num_clients, the seeds or swept "
                 "hyper-parameters, local.batch_size or --lookahead, or use a larger device"), 2
@@ -542,11 +586,31 @@ def _describe(error: BaseException, out: str) -> tuple[str, int]:
             "input: please report it with the command line; rerun with --debug to see the traceback"), 1
 
 
+OUT_OF_MEMORY_MARKS = ("resource_exhausted", "out of memory", "failed to allocate", "allocation failure",
+                       "cannot allocate memory")
+"""How the XLA runtime words a failed allocation (on a GPU, TPU or CPU)."""
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a failed allocation of the XLA runtime (its message; it has no type of its own)."""
+    text = str(error).lower()
+    return type(error).__name__ in ("XlaRuntimeError", "JaxRuntimeError") and any(
+        mark in text for mark in OUT_OF_MEMORY_MARKS) or "resource_exhausted" in text
+
+
+NO_SPACE_MARKS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT), f"os_error_code='{errno.ENOSPC}'",
+                  f"os_error_code='{errno.EDQUOT}'")
+"""How a full disk reads in the message of an error that is no ``OSError`` (tensorstore's, raised by orbax)."""
+
+
 def _no_space(error: BaseException) -> bool:
-    """Whether ``error`` or one of its causes is a full disk (ENOSPC, EDQUOT)."""
+    """Whether ``error`` or one of its causes is a full disk (ENOSPC, EDQUOT), also as tensorstore words it inside
+    orbax (a ``ValueError`` "... No space left on device [os_error_code='28']")."""
     seen = 0
     while error is not None and seen < 10:
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(mark in str(error) for mark in NO_SPACE_MARKS):
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
@@ -597,7 +661,8 @@ def _command(args: argparse.Namespace) -> int:
     try:  # before anything touches a JAX device
         from asyncfl_jax.distributed import initialize_from_options
 
-        initialize_from_options(args.coordinator, args.num_processes, args.process_id, cluster=args.cluster)
+        initialize_from_options(args.coordinator, args.num_processes, args.process_id, cluster=args.cluster,
+                                timeout=args.coordinator_timeout)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if not args.print_config:  # compiled programs are reused by the next identical run (compile_cache.py)
@@ -624,12 +689,16 @@ def _command(args: argparse.Namespace) -> int:
         from asyncfl_jax.experiment import new_output
 
         cfg.output = args.out = new_output(cfg)
+    _signals.check()
     resume = True if args.resume is not None else _check_output(cfg, args.overwrite)
 
     from asyncfl_jax.checkpoint import SimulationInterrupted
     from asyncfl_jax.experiment import run_config
 
     callbacks = []
+    if args.tensorboard is not None and not args.tensorboard.strip():
+        raise ConfigError("invalid option --tensorboard = '': give a folder for the event files (e.g. "
+                          f"{os.path.join(cfg.output, 'tensorboard')})")
     if args.tensorboard is not None:
         from asyncfl_jax.engine.callbacks import TensorBoardLogger
 
@@ -698,7 +767,7 @@ def result_lines(h: Any) -> list[str]:
         lines.append(line)
         if final.diverged:
             seeds = ", ".join(f"seed {s} at server step {d}" for s, d in final.diverged)
-            lines.append(f"  {title}: DIVERGED (NaN/inf), left out of the mean: {seeds}")
+            lines.append(f"  {title}: DIVERGED (NaN/inf or |x| > 1e10), left out of the mean: {seeds}")
         if final.non_finite:
             lines.append(f"  {title}: non-finite {name}, left out of the mean: seeds {list(final.non_finite)}")
     return lines

@@ -112,6 +112,14 @@ class LocalConfig:
                             f"the hyper-parameter {name!r}: give it as simulate(..., hparams={{{name!r}: value}}) "
                             f"(a list of values sweeps it){where}")
         return super().__new__(cls)
+    def __post_init__(self) -> None:
+        """The fields' types, checked when the settings are made (their values by :meth:`validate`)."""
+        from asyncfl_jax.arguments import check_bool, check_int, check_real
+
+        check_int("LocalConfig.steps", self.steps)
+        check_int("LocalConfig.batch_size", self.batch_size, optional=True)
+        check_real("LocalConfig.epochs", self.epochs, optional=True)
+        check_bool("LocalConfig.use_momentum", self.use_momentum)
 
     def identity(self) -> dict[str, Any]:
         """The settings as JSON values (what a checkpoint must match); a custom optimizer by its name."""

@@ -256,7 +256,10 @@ class ExperimentConfig:
         except OSError as e:
             raise ConfigError(f"config file {path!r} cannot be read: {e.strerror or e}") from None
         try:
-            raw = json.loads(data)
+            raw = json.loads(data, object_pairs_hook=_unique_keys)
+        except DuplicateKeyError as e:
+            raise ConfigError(f"config file {path!r}: {e}; a JSON object keeps only the last value of a repeated key, "
+                              "so the others would be dropped without a word: write each option once") from None
         except UnicodeDecodeError:
             raise ConfigError(f"config file {path!r} is not text (it cannot be decoded as UTF-8, UTF-16 or UTF-32): "
                               "give a JSON file, e.g. one written by `asyncfl run --print-config`") from None
@@ -279,6 +282,20 @@ class ExperimentConfig:
         if self.eval_every is not None:
             return int(self.eval_every)
         return eval_every_for(num_steps, self.eval_points)
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object of a configuration file names a key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: the object, refusing a repeated key (:class:`DuplicateKeyError`)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(f"the key {key!r} appears twice in one object")
+        out[key] = value
+    return out
 
 
 _NESTED = {

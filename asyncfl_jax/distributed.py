@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Mapping
+import threading
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -30,6 +31,7 @@ import numpy as np
 ENV_COORDINATOR = "ASYNCFL_COORDINATOR"
 ENV_NUM_PROCESSES = "ASYNCFL_NUM_PROCESSES"
 ENV_PROCESS_ID = "ASYNCFL_PROCESS_ID"
+ENV_TIMEOUT = "ASYNCFL_COORDINATOR_TIMEOUT"
 
 
 def process_count() -> int:
@@ -70,8 +72,30 @@ def _check_launch(coordinator: str | None, num_processes: int | None, process_id
                              f"for {num_processes} processes")
 
 
+DEFAULT_TIMEOUT = 120.0
+"""Seconds a process waits for the coordinator and the other processes at start-up, and the heartbeat timeout after
+which the runtime declares a silent process dead (``--coordinator-timeout``)."""
+
+
+def _watchdog(seconds: float, message: str) -> threading.Event:
+    """Ends the process with exit code 2 and ``message`` on stderr unless the returned event is set within
+    ``seconds`` (``jax.distributed.initialize`` cannot be interrupted: at its own timeout it aborts the process with
+    a C++ stack trace)."""
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(seconds):
+            from asyncfl_jax import _signals
+
+            os.write(2, f"asyncfl: error: {message}\n".encode())
+            _signals.exit_now(2)
+
+    threading.Thread(target=watch, name="asyncfl-coordinator-watchdog", daemon=True).start()
+    return done
+
+
 def initialize(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None,
-               cluster: bool = False) -> bool:
+               cluster: bool = False, timeout: float = DEFAULT_TIMEOUT) -> bool:
     """Starts the multi-controller runtime (``jax.distributed.initialize``); returns whether it was started.
 
     Give the coordinator (``HOST:PORT`` of process 0, reachable from every process), the number of processes and this
@@ -80,8 +104,14 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     On CPU the cross-process collectives are gloo's (``jax_cpu_collectives_implementation``). Must be called before
     anything touches a JAX device (``jax.devices()``, any array); raises ``ValueError`` for an incomplete or invalid
     launch and ``RuntimeError`` when JAX's backends already started.
+
+    ``timeout`` (seconds): when the coordinator or a process does not show up within it, the process ends with exit
+    code 2 and a message naming this process and the coordinator (not JAX's abort after 300 s); it is also the
+    runtime's heartbeat timeout, after which a process that stopped answering (killed) is declared dead.
     """
     _check_launch(coordinator, num_processes, process_id)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 86_400:
+        raise ValueError(f"invalid coordinator timeout {timeout!r}: must be a number of seconds in (0, 86400)")
     if coordinator is None and not cluster:
         return False
     if num_processes == 1:
@@ -94,11 +124,22 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         raise RuntimeError("jax.distributed must start before JAX uses a device; call asyncfl_jax.distributed."
                            "initialize (or pass the launch options) before any other JAX call")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    if coordinator is None:
-        jax.distributed.initialize()
-    else:
-        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                                   process_id=process_id)
+    who = f"process {process_id} of {num_processes}" if process_id is not None else "this process"
+    done = _watchdog(timeout, f"{who} could not start the run with the coordinator {coordinator or '(from the cluster)'} "
+                              f"within {timeout:g} s (--coordinator-timeout): "
+                              + ("the coordinator (process 0) is not reachable there" if process_id else
+                                 "not every process connected to it")
+                              + "; check that every process was started with the same coordinator and number of "
+                                "processes and that process 0 runs")
+    timeouts = {"initialization_timeout": int(timeout) + 60, "heartbeat_timeout_seconds": max(1, int(timeout))}
+    try:
+        if coordinator is None:
+            jax.distributed.initialize(**timeouts)
+        else:
+            jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                                       process_id=process_id, **timeouts)
+    finally:
+        done.set()
     return True
 
 
@@ -193,10 +234,54 @@ def check_same_everywhere(what: str, tree: Any) -> None:
 
 def initialize_from_options(coordinator: str | None = None, num_processes: int | None = None,
                             process_id: int | None = None, cluster: bool = False,
-                            environ: Mapping[str, str] | None = None) -> bool:
+                            environ: Mapping[str, str] | None = None, timeout: float | None = None) -> bool:
     """:func:`initialize` from the command line's options, each falling back on its ``ASYNCFL_*`` environment
-    variable (:func:`launch_from_env`) when not given; returns whether the runtime was started."""
+    variable (:func:`launch_from_env`; ``ASYNCFL_COORDINATOR_TIMEOUT`` for ``timeout``) when not given; returns
+    whether the runtime was started."""
     env = launch_from_env(environ)
     given = (coordinator, num_processes, process_id)
     coordinator, num_processes, process_id = (g if g is not None else e for g, e in zip(given, env))
-    return initialize(coordinator, num_processes, process_id, cluster=cluster)
+    if timeout is None:
+        text = (os.environ if environ is None else environ).get(ENV_TIMEOUT) or ""
+        try:
+            timeout = float(text) if text else DEFAULT_TIMEOUT
+        except ValueError:
+            raise ValueError(f"invalid {ENV_TIMEOUT} = {text!r}: must be a number of seconds") from None
+    return initialize(coordinator, num_processes, process_id, cluster=cluster, timeout=timeout)
+
+
+def largest_everywhere(value: int) -> int:
+    """The largest of the processes' ``value`` (one small collective; every process must call it at the same
+    point), ``value`` itself with one process."""
+    if jax.process_count() == 1:
+        return int(value)
+    from jax.experimental import multihost_utils
+
+    return int(np.max(np.asarray(multihost_utils.process_allgather(np.int32(value)))))
+
+
+def from_primary(decide: Callable[[], str], choices: Sequence[str]) -> str:
+    """``decide()`` computed by process 0 alone and shared with every process (one small collective): what the
+    output folder holds is process 0's to judge (it holds the folder's lock), so the others follow its decision
+    instead of judging a folder that process 0 may already be writing to. When process 0 refuses (its exception is
+    raised there), the other processes raise an :class:`~asyncfl_jax.errors.InputError` saying so. With one process:
+    ``decide()``."""
+    if jax.process_count() == 1:
+        return decide()
+    from jax.experimental import multihost_utils
+
+    from asyncfl_jax.errors import InputError
+
+    index, error = -1, None
+    if is_primary():
+        try:
+            index = list(choices).index(decide())
+        except Exception as e:  # noqa: BLE001 - raised below, after the others were told
+            error = e
+    shared = int(np.asarray(multihost_utils.broadcast_one_to_all(np.int32(index))))
+    if error is not None:
+        raise error
+    if shared < 0:
+        raise InputError(f"process 0 refused the run (its message says why); process {jax.process_index()} stops "
+                         "with it")
+    return list(choices)[shared]

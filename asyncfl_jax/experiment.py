@@ -22,11 +22,12 @@ import glob
 import json
 import logging
 import os
+import re
 from typing import Any, Sequence
 
 import numpy as np
 
-from asyncfl_jax import checkpoint, distributed, outputs
+from asyncfl_jax import _signals, checkpoint, distributed, outputs
 from asyncfl_jax.algorithms import get_algorithm
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.config import ConfigError, ExperimentConfig, RunConfig, algorithm_defaults, resolve, validate
@@ -397,6 +398,42 @@ def check_unchanged(cfg: ExperimentConfig) -> None:
                 + ". Nothing was changed: restore config.json, or start over with --overwrite or another --out")
 
 
+def check_saved_runs(cfg: ExperimentConfig) -> None:
+    """Refuses (``ConfigError``) to continue in ``cfg.output`` when a run's saved state cannot be used by this
+    version of the package: a History it cannot read (another format, or incomplete) without a checkpoint to continue
+    from, or a checkpoint of another format (format 1: ``state-<chunk>.npz`` files of a version before orbax) or an
+    unreadable record. Every run is checked before anything is recomputed, replaced or written (read-only); ``cfg``
+    is resolved."""
+    meta_config = _comparable(cfg.to_dict())
+    problems = []
+    for run in cfg.runs:
+        folder = checkpoint_dir_for(cfg.output, run)
+        if not os.path.isdir(folder):
+            continue
+        has_history = os.path.lexists(os.path.join(folder, "history.json"))
+        if has_history and load_history(folder, {"config": meta_config, "run": run.name}) is not None:
+            continue
+        try:
+            record = checkpoint.read_record(folder)
+        except checkpoint.CheckpointError as e:
+            problems.append(f"run {run.name}: {e}")
+            continue
+        old_states = sorted(name for name in os.listdir(folder) if re.fullmatch(r"state-\d+\.npz", name))
+        if record is None and old_states:
+            problems.append(f"run {run.name}: {folder} holds {old_states[0]}, a checkpoint of format 1 (asyncfl_jax "
+                            "before orbax), which this version cannot read")
+        elif record is None and has_history:
+            problems.append(f"run {run.name}: its saved History {os.path.join(folder, 'history.json')} cannot be read "
+                            "by this version (another format, or incomplete) and there is no checkpoint to continue "
+                            "from")
+    if problems:
+        raise ConfigError(
+            f"cannot resume in {cfg.output}: it was written by another version of asyncfl_jax ("
+            + "; ".join(problems) + "). Nothing was changed. To keep its results, finish it with the version that "
+            "wrote it (environment.json names it); or run it again with another --out (or with --overwrite, which "
+            "deletes what the folder's manifest.json lists, where it has one)")
+
+
 def decide_output(cfg: ExperimentConfig, overwrite: bool = False, resume: bool = False, check_lock: bool = True) -> str:
     """What writing ``cfg`` to ``cfg.output`` does, or a ``ConfigError`` saying why it cannot (read-only):
 
@@ -427,6 +464,7 @@ def decide_output(cfg: ExperimentConfig, overwrite: bool = False, resume: bool =
         if status.kind == "foreign":
             raise ConfigError(f"cannot resume in {out}: it holds no asyncfl results (no readable config.json)")
         check_unchanged(cfg)
+        check_saved_runs(cfg)
         return "continue"
     if overwrite:
         clash = outputs.unlisted_targets(out, manifest, run_targets(cfg))
@@ -559,7 +597,9 @@ def run_config(
         cfg = dataclasses.replace(cfg, output=new_output(cfg))
     check_output_paths(cfg)
     with outputs.OutputLock(cfg.output) if files else contextlib.nullcontext():  # process 0 holds the lock
-        decision = decide_output(cfg, overwrite=overwrite, resume=resume, check_lock=files)
+        decision = distributed.from_primary(  # process 0 decides (it holds the lock); the others follow it
+            lambda: decide_output(cfg, overwrite=overwrite, resume=resume, check_lock=files),
+            ("new", "continue", "overwrite"))
         distributed.sync("run_config:checked")  # every process looked at the output folder before anything is written
         return _run_all(cfg, decision, files, progress, plot, checkpoint_every if checkpointing else None,
                         decision == "continue", callbacks)
@@ -570,11 +610,12 @@ def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress:
     """The runs of ``cfg`` (resolved). With a ``decision`` (:func:`decide_output`) the runs are checkpointed when
     ``checkpoint_every`` is given, and with ``files`` (process 0, the folder locked) the result files are written,
     each listed in the manifest first; without a decision nothing is written."""
-    write = decision is not None
     config = cfg.to_dict()
     environment = {**environment_info(), **invocation_info()} if files else None
     task = build_task(cfg)
+    _signals.check()  # the command's signals are acted on between phases (see asyncfl_jax._signals)
     schedules_of = {0: build_schedules(cfg, cfg.runs[0], task)}  # the first run's schedule files are read before writing
+    _signals.check()
     manifest = None
     if files:
         manifest = _start_writing(cfg, decision, config)
@@ -586,9 +627,39 @@ def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress:
             if decision != "continue":  # a failed first write: the folder goes back to holding no run
                 outputs.remove_listed(manifest)
             raise
-    histories = []
+    histories: list[History] = []  # filled as the runs finish
+    try:
+        return _run_each(cfg, decision, files, progress, plot, checkpoint_every, resume, callbacks, task,
+                         schedules_of, manifest, config, environment, histories)
+    except BaseException:
+        if manifest is not None and decision != "continue" and not histories and not _holds_results(manifest):
+            with contextlib.suppress(OSError):  # the error that stopped the run is the one to report
+                outputs.remove_listed(manifest)  # a failed start: the folder goes back to holding no run
+            logger.info("%s: the run did not start; the files it had written there were removed", cfg.output)
+        raise
+
+
+def _holds_results(manifest: outputs.Manifest) -> bool:
+    """Whether the output folder of ``manifest`` holds something worth keeping after a failure: a checkpoint or the
+    History of a finished run in one of the listed checkpoint folders (what ``--resume`` continues from)."""
+    for name, kind in manifest.entries.items():
+        if kind == "checkpoints":
+            folder = os.path.join(manifest.root, *name.split("/"))
+            if any(os.path.lexists(os.path.join(folder, f)) for f in (checkpoint.RECORD, "history.json")):
+                return True
+    return False
+
+
+def _run_each(cfg: ExperimentConfig, decision: str | None, files: bool, progress: bool, plot: bool,
+              checkpoint_every: int | None, resume: bool, callbacks: Sequence[Any], task: Task,
+              schedules_of: dict[int, Any], manifest: outputs.Manifest | None, config: dict[str, Any],
+              environment: Any, histories: list[History]) -> list[History]:
+    """The loop of :func:`_run_all` over the runs (its arguments), writing as it goes; appends each finished run's
+    History to ``histories``."""
+    write = decision is not None
     for i, run in enumerate(cfg.runs):
         schedules = schedules_of.pop(i) if i in schedules_of else build_schedules(cfg, run, task)
+        _signals.check()
         if files and run.protocol.name != "event_clock":  # the exact schedules, to replay the run (schedule_files)
             save_schedules(cfg, run, schedules, manifest)
         folder = None

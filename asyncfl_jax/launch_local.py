@@ -10,13 +10,19 @@ Each process gets ``ASYNCFL_COORDINATOR`` (``localhost:<free port>``), ``ASYNCFL
 ``asyncfl_jax.distributed.initialize_from_options()`` first thing), and ``JAX_PLATFORMS=cpu`` with ``--devices`` CPU
 devices per process (``--xla_force_host_platform_device_count``). Process 0's output is printed as it is, the others'
 lines prefixed with ``[process i]``. The exit status is the first non-zero one of the processes (0 when all
-succeed); when one process fails the others are stopped, since they would wait for it forever.
+succeed; ``128 + N`` for a process ended by signal N); when one process fails or is killed the launcher says which
+and stops the others, since they would wait for it forever: SIGTERM first (each saves its checkpoint and ends), then
+SIGKILL after ``--grace`` seconds. SIGINT (Ctrl-C) and SIGTERM sent to the launcher are forwarded to every process
+once (they run in sessions of their own, so a terminal's Ctrl-C reaches them only through the launcher); the
+launcher then waits for them (SIGKILL after ``--grace`` seconds) and exits with ``128 +`` the signal: no process is
+left behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", "--num-processes", type=int, default=2, help="processes to start (default 2)")
     parser.add_argument("--devices", type=int, default=1, help="CPU devices per process (default 1)")
     parser.add_argument("--port", type=int, help="the coordinator's port (default: a free one)")
+    parser.add_argument("--grace", type=float, default=30.0,
+                        help="seconds the processes get to end after SIGTERM before SIGKILL (default 30)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command every process runs")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -57,27 +65,67 @@ def main(argv: list[str] | None = None) -> int:
                    XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
                              f"--xla_force_host_platform_device_count={args.devices}".strip())
         pipe = None if i == 0 else subprocess.PIPE
-        p = subprocess.Popen(command, env=env, stdout=pipe, stderr=subprocess.STDOUT if pipe else None, text=True)
+        p = subprocess.Popen(command, env=env, stdout=pipe, stderr=subprocess.STDOUT if pipe else None, text=True,
+                             start_new_session=True)
         procs.append(p)
         if pipe:
             t = threading.Thread(target=_relay, args=(p.stdout, f"[process {i}] ", sys.stdout), daemon=True)
             t.start()
             relays.append(t)
-    status = 0
-    while any(p.poll() is None for p in procs):
-        failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-        if failed:
-            status = failed[0]
+    received: list[int] = []
+
+    def forward(signum, frame):  # noqa: ARG001
+        if not received:
+            received.append(signum)
             for p in procs:
                 if p.poll() is None:
-                    p.terminate()
-            break
-        time.sleep(0.2)
-    for p in procs:
-        p.wait()
+                    p.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
+    status = 0
+    try:
+        while not received and any([p.poll() is None for p in procs]):  # a list: every process is polled
+            failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
+            if failed:
+                i, code = failed[0]
+                status = exit_status(code)
+                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"ended with exit code {code}"
+                print(f"launch_local: process {i} {how}; stopping the other processes (coordinator {coordinator})",
+                      file=sys.stderr, flush=True)
+                for p in procs:
+                    if p.poll() is None:
+                        p.terminate()
+                break
+            time.sleep(0.2)
+        stop_all(procs, args.grace)
+    finally:
+        stop_all(procs, args.grace)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     for t in relays:
         t.join(timeout=5)
-    return status or next((p.returncode for p in procs if p.returncode), 0)
+    if received:
+        return 128 + received[0]
+    return status or next((exit_status(p.returncode) for p in procs if p.returncode), 0)
+
+
+def exit_status(returncode: int) -> int:
+    """A process's return code as an exit status: ``128 + N`` for one ended by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def stop_all(procs: list[subprocess.Popen], grace: float) -> None:
+    """Waits up to ``grace`` seconds for every process to end, then kills those left (and waits for them)."""
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import jax
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from asyncfl_jax.arguments import _got, check_instance, check_int, check_real
 from asyncfl_jax.data.client_data import ClientData, Dataset, label_dtype
 from asyncfl_jax.losses import CLASSIFICATION, REGRESSION, Batch, Loss, get_loss, squared_errors
 from asyncfl_jax.models.core import Model, check_parameters
@@ -232,6 +234,28 @@ def client_test_set(test_parts: Sequence[np.ndarray], ids: np.ndarray) -> Client
     )
 
 
+def check_make_task(dataset: Any, parts: Any, model: Any, train_eval_size: Any, seed: Any,
+                    client_test_fraction: Any, validation_fraction: Any, eval_clients: Any, loss: Any) -> None:
+    """The types of :func:`~asyncfl_jax.task.make_task`'s arguments (the values are checked there)."""
+    check_instance("dataset", dataset, Dataset, "a Dataset (e.g. afl.data.synthetic_leaf(...))")
+    if isinstance(parts, (str, bytes, Mapping)) or not isinstance(parts, (list, tuple, np.ndarray)) or len(parts) == 0:
+        raise TypeError(f"parts must be a non-empty list of integer index arrays (one per client), {_got(parts)}")
+    for i, part in enumerate(parts):
+        array = None
+        if isinstance(part, (list, tuple, range)) or hasattr(part, "__array__"):  # NumPy, JAX, lists of indices
+            array = np.asarray(part)
+        if array is None or array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
+            raise TypeError(f"parts[{i}] must be a 1-D array of integer example indices, {_got(part)}")
+    check_instance("model", model, Model, "a Model (from make_model or model_from_apply)")
+    check_int("train_eval_size", train_eval_size, minimum=1)
+    check_int("seed", seed, minimum=0)
+    check_real("client_test_fraction", client_test_fraction)
+    check_real("validation_fraction", validation_fraction)
+    check_int("eval_clients", eval_clients, minimum=1, optional=True)
+    if not (loss is None or isinstance(loss, (str, Loss))):
+        raise TypeError(f"loss must be None, 'classification', 'regression' or a Loss, {_got(loss)}")
+
+
 def make_task(
     dataset: Dataset,
     parts: Sequence[np.ndarray],
@@ -261,6 +285,8 @@ def make_task(
         ``seed``); None: all clients. Needs ``client_test_fraction > 0``.
       seed: the data seed: the train-loss sample, the held-out split and the evaluated subset.
     """
+    check_make_task(dataset, parts, model, train_eval_size, seed, client_test_fraction, validation_fraction,
+                    eval_clients, loss)
     check_parameters(model.init_params, "make_task: the model")  # a Model built by hand: no BatchNorm statistics
     loss = get_loss(loss, dataset.train_y)
     client_test_fraction = _check_fraction("client_test_fraction", client_test_fraction)

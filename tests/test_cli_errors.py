@@ -140,6 +140,9 @@ def test_a_checkpoint_save_that_fails_for_a_full_disk_says_to_free_space_and_res
     from asyncfl_jax.checkpoint import CheckpointError
 
     def fail(cfg, **kwargs):
+        os.makedirs(cfg.output, exist_ok=True)  # a run that started (resumable): its config.json is there
+        with open(os.path.join(cfg.output, "config.json"), "w") as f:
+            f.write("{}")
         try:
             raise OSError(errno.ENOSPC, "No space left on device")
         except OSError as e:

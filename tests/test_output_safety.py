@@ -328,7 +328,8 @@ def test_an_oserror_during_each_write_leaves_a_folder_that_continues_to_the_same
     assert hits, f"no write of {target}"
     assert not (out / outputs.LOCK_NAME).exists()
     resume = experiment.output_status(experiment.resolve(cfg)).kind == "unfinished"
-    assert resume == (target not in ("manifest.json", "config.json", "environment.json"))  # a failed start: new again
+    # a failed start (nothing saved yet: no checkpoint, no finished run) is new again
+    assert resume == (target not in ("manifest.json", "config.json", "environment.json", "checkpoint.json"))
     experiment.run_config(cfg, progress=False, plot=False, resume=resume)
     assert without_timings(out) == without_timings(finished)
     left = [os.path.join(d, n) for d, _, files in os.walk(out) for n in files if n.startswith(".tmp-")]
@@ -345,4 +346,5 @@ def test_the_lock_is_released_when_a_run_is_interrupted(tmp_path, monkeypatch):
     monkeypatch.setattr(experiment, "run_experiment", interrupt)
     with pytest.raises(KeyboardInterrupt):
         experiment.run_config(cfg, progress=False, plot=False)
-    assert not (out / outputs.LOCK_NAME).exists() and (out / "config.json").exists()
+    # interrupted before anything was saved (no checkpoint, no finished run): the folder holds no run again
+    assert not (out / outputs.LOCK_NAME).exists() and not out.exists()

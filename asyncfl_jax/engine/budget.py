@@ -166,16 +166,18 @@ def compiled_bytes(compiled: Any) -> int | None:
     return arg + out - alias + temp
 
 
-def check_compiled(compiled: Any, label: str, available: int | None = None, fraction: float = 0.9) -> int | None:
-    """Refuses (:class:`MemoryRefusal`) a compiled chunk whose XLA memory analysis (:func:`compiled_bytes`) exceeds
-    ``fraction`` of one device's memory (``available``, default :func:`device_memory_bytes`), before it runs.
-    Returns the analysed bytes (None: no analysis)."""
+def check_compiled(compiled: Any, label: str, available: int | None = None, fraction: float = 0.9,
+                   what: str = "server-step chunk") -> int | None:
+    """Refuses (:class:`MemoryRefusal`) a compiled program (``what``: the server-step chunk, or the initialization,
+    which may train every client once) whose XLA memory analysis (:func:`compiled_bytes`) exceeds ``fraction`` of one
+    device's memory (``available``, default :func:`device_memory_bytes`), before it runs. Returns the analysed bytes
+    (None: no analysis)."""
     needed = compiled_bytes(compiled)
     available = device_memory_bytes() if available is None else available
     if needed is not None and available and needed > fraction * available:
         raise MemoryRefusal(
-            f"{label}: the compiled server-step chunk needs {_gib(needed)} (XLA's memory analysis: the state, the "
-            f"chunk's inputs and outputs and its temporaries such as local training's activations and the lookahead "
+            f"{label}: the compiled {what} needs {_gib(needed)} (XLA's memory analysis: the state, the "
+            f"program's inputs and outputs and its temporaries such as local training's activations and the lookahead "
             f"buffer) but the device has {_gib(available)}: lower local.batch_size, --lookahead, --eval-every (the "
             "chunk length), the seeds or swept hyper-parameters, or data.num_clients")
     return needed

@@ -144,7 +144,7 @@ class DivergenceWarnings:
         for r in update.newly_diverged:
             warnings.warn(
                 f"{update.label}: replica {r} ({describe_replica(update.replicas, r)}) diverged: the global model "
-                f"became NaN/inf at server step {int(update.diverged_at[r])}", RuntimeWarning, stacklevel=2)
+                f"diverged (NaN/inf or |x| > 1e10) at server step {int(update.diverged_at[r])}", RuntimeWarning, stacklevel=2)
 
 
 class StopWhenAllDiverged:
@@ -199,7 +199,9 @@ class Checkpoints:
         del update
         if self.stop.reason or loop.finished or loop.state.next_chunk % self.every == 0:
             self.save(loop)
-        if self.stop.reason:
+        if self.stop.reason:  # read again after the save: a signal that came during it is acted on now
+            if self.saved_chunk != loop.state.next_chunk:
+                self.save(loop)
             self._interrupted(loop, self.stop.reason, saved=True)
 
     def on_interrupt(self, loop: Any, error: KeyboardInterrupt) -> None:
@@ -209,7 +211,7 @@ class Checkpoints:
         if not saved and _alive(loop.state.carry):
             self.save(loop)
             saved = True
-        self._interrupted(loop, "KeyboardInterrupt", saved, cause=error)
+        self._interrupted(loop, self.stop.reason or "KeyboardInterrupt", saved, cause=error)
 
     def _interrupted(self, loop: Any, reason: str, saved: bool, cause: BaseException | None = None) -> None:
         raise checkpoint.SimulationInterrupted(self.run.label, reason, loop.state.eval_steps[-1], self.run.num_steps,

@@ -19,10 +19,11 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from asyncfl_jax import checkpoint
+from asyncfl_jax import _signals, checkpoint
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig, check_optimizer_hparams
-from asyncfl_jax.distributed import check_same_everywhere, to_host
+from asyncfl_jax.distributed import check_same_everywhere, largest_everywhere, to_host
+from asyncfl_jax.errors import InputError
 from asyncfl_jax.engine.budget import MemoryBudget, check_compiled, memory_budget
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, stack_hparams
@@ -72,7 +73,7 @@ def trajectory_shape(record: Callable[[jax.Array], Any], x0: jax.Array, num_repl
     per_record = sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in leaves)
     total = num_replicas * (num_steps + 1) * per_record
     if total > limit:
-        raise ValueError(f"the trajectory would take {total / 2**20:.1f} MiB ({num_replicas} replicas x "
+        raise InputError(f"the trajectory would take {total / 2**20:.1f} MiB ({num_replicas} replicas x "
                          f"{num_steps + 1} models x {per_record} bytes), more than the limit of {limit / 2**20:.0f} "
                          "MiB: record fewer values (trajectory=lambda x: x[:k], or a summary such as a norm), fewer "
                          "steps or fewer replicas")
@@ -382,8 +383,11 @@ class HostLoop:
         first evaluation (step 0)."""
         placed = self.run_spec.placed
         t0 = time.perf_counter()
-        if carry is None:
-            carry = self.init_fn(placed.inputs, placed.hp, placed.keys, placed.data)
+        if carry is None:  # compiled first, so that XLA's memory analysis refuses what cannot fit before it runs
+            compiled = self.init_fn.lower(placed.inputs, placed.hp, placed.keys, placed.data).compile()
+            check_compiled(compiled, self.run_spec.label, what="initialization")
+            _signals.check()
+            carry = compiled(placed.inputs, placed.hp, placed.keys, placed.data)
         first = to_host(self.eval_fn(carry.server, placed.data))
         traces = {}
         if self.run_spec.trajectory is not None:  # x_0's record: the trajectory's step axis starts at 0
@@ -421,19 +425,31 @@ class HostLoop:
     def run(self, state: checkpoint.LoopState | None = None) -> checkpoint.LoopState:
         """Runs the remaining chunks from ``state`` (restored) or from the start; returns the final state (in the
         run's precision scope, :func:`~asyncfl_jax.precision.precision_scope`)."""
-        with precision_scope(self.run_spec.precision):
-            return self._run(state)
+        agreeing = jax.process_count() > 1  # every process stops after the same chunk: on the signal they agree on
+        if agreeing:
+            _signals.start_agreement()
+        try:
+            with precision_scope(self.run_spec.precision):
+                return self._run(state)
+        finally:
+            if agreeing:
+                _signals.end_agreement()
 
     def _run(self, state: checkpoint.LoopState | None) -> checkpoint.LoopState:
         self.state = self.initial_state() if state is None else self.restored(state)
         self._compile_before, self._run_before = self.state.compile_seconds, self.state.run_seconds
         self._start_wall = time.perf_counter()
         completed = False
+        processes = jax.process_count()
         self._call("on_start")
         try:
             while not self.finished:
+                _signals.check()  # a signal the command recorded (its handlers only set a flag): stop here
                 update = self.run_chunk()
+                if processes > 1:
+                    _signals.agree(largest_everywhere(_signals.pending() or 0))
                 self._call("on_chunk", update)
+            _signals.check()
             completed = True
         except KeyboardInterrupt as e:
             self._call("on_interrupt", e)
@@ -468,6 +484,7 @@ class HostLoop:
             check_compiled(compiled, run.label)  # XLA's own count, temporaries included, before the chunk runs
             self.compiled[variant] = compiled
             self.loop_compile_seconds += time.perf_counter() - tc
+            _signals.check()  # a signal during the compilation: stop before the chunk runs
         t0 = time.perf_counter()
         carry, records = self.compiled[variant](state.carry, part, placed.hp, placed.keys, placed.data)
         jax.block_until_ready(carry)

@@ -6,6 +6,7 @@ import logging
 from typing import Any, Callable, Mapping, Sequence
 
 from asyncfl_jax.algorithms.base import Algorithm
+from asyncfl_jax.engine.arguments import check_simulate
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine.callbacks import Checkpoints, DivergenceWarnings, ProgressBar, StopWhenAllDiverged
 from asyncfl_jax.engine.history import make_history
@@ -83,6 +84,9 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         (their working set stays in the cache; see docs/benchmarks.md). The same results up to float rounding; one
         device only (not with ``shard_*``).
     """
+    check_simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label, shard_jobs,
+                   shard_replicas, shard_clients, lookahead, checkpoint_dir, checkpoint_every, resume, callbacks,
+                   precision, trajectory, replica_batch)  # types first: a clear error naming the argument
     check_count("checkpoint_every", checkpoint_every)
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs a checkpoint_dir to resume from")

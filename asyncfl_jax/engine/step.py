@@ -8,7 +8,8 @@ Server step ``t`` (:func:`Program.server_step`) is the same for every clock and 
    their inputs until they arrive);
 2. *arrival*: the clock says which results arrive at step ``t``; the store hands over their messages;
 3. *server*: the algorithm's ``server`` folds the messages into its state, giving ``x_{t+1}``;
-4. *divergence*: the first step whose ``x_{t+1}`` holds a NaN/inf is recorded.
+4. *divergence*: the first step whose ``x_{t+1}`` holds a NaN/inf or an entry beyond ``DIVERGENCE_BOUND`` (1e10) is
+   recorded.
 
 A chunk is a ``lax.scan`` of that step; :func:`freeze_diverged` wraps a chunk so that a replica that diverged in an
 earlier chunk keeps its state (as ``optax.apply_if_finite`` keeps its parameters). The initialization round (ACE,
@@ -41,13 +42,21 @@ class Carry(NamedTuple):
     clients: Any  # the algorithm's per-client state (leading client axis)
     clock: Any  # the clock's state (the event clock's per-client times; () for a pre-sampled schedule)
     store: Any  # the store's state (messages in flight, lookahead buffer, or the inputs of jobs in flight)
-    diverged_at: jax.Array  # int32: first server step whose result had a NaN/inf, -1 if none
+    diverged_at: jax.Array  # int32: first server step whose result diverged (NaN/inf, |x| > 1e10), -1 if none
+
+
+DIVERGENCE_BOUND = 1e10
+"""A model with an entry larger than this in absolute value has diverged (as one with a NaN/inf has): no model a
+federated run trains has parameters near 1e10, while an exploding one (``client_lr = 1e30``) would otherwise run to
+its end with finite, meaningless parameters and no warning."""
 
 
 def first_divergence(diverged_at: jax.Array, x_next: jax.Array, step: jax.Array) -> jax.Array:
-    """``step`` if ``x_next`` is the first model with a NaN/inf, else ``diverged_at`` unchanged."""
-    finite = jnp.all(jnp.isfinite(x_next))
-    return jnp.where((diverged_at < 0) & ~finite, step, diverged_at)
+    """``step`` if ``x_next`` is the first diverged model, else ``diverged_at`` unchanged: a model has diverged when
+    an entry is NaN or inf or ``max_i |x_i| > DIVERGENCE_BOUND`` (a NaN compares false, so ``max |x| <= bound``
+    holds exactly for the finite models within the bound)."""
+    within = jnp.max(jnp.abs(x_next)) <= DIVERGENCE_BOUND
+    return jnp.where((diverged_at < 0) & ~within, step, diverged_at)
 
 
 TRAJECTORY_PREFIX = "trajectory/"  # the per-step records of the trajectory: one entry per leaf of the record

@@ -32,6 +32,7 @@ import math
 import numbers
 from typing import Any, Mapping
 
+from asyncfl_jax import arguments
 from asyncfl_jax.timing.delays import DelayModel
 from asyncfl_jax.timing.events import simulate_events, to_schedule
 from asyncfl_jax.timing.fast import all_active_fast, rounds_log, synchronous_fast
@@ -237,6 +238,16 @@ _OPTIONS = {
 }
 
 
+def check_make_schedule(protocol: Any, num_clients: Any, num_steps: Any, delays: Any, seed: Any) -> None:
+    """The types of :func:`~asyncfl_jax.timing.protocols.make_schedule`'s positional arguments."""
+    arguments.check_str("protocol", protocol)
+    arguments.check_int("num_clients", num_clients, minimum=1)
+    arguments.check_int("num_steps", num_steps, minimum=1)
+    if not isinstance(delays, (DelayModel, Mapping)):
+        raise TypeError(f"delays must be a DelayModel or its to_dict() form, {arguments._got(delays)}")
+    arguments.check_int("seed", seed, minimum=0)
+
+
 def make_schedule(protocol: str, num_clients: int, num_steps: int, delays: DelayModel | Mapping[str, Any],
                   seed: int, **options: Any) -> Schedule:
     """Builds a schedule by protocol name (``"all_active"``, ``"concurrent"``, ``"synchronous"``).
@@ -246,6 +257,7 @@ def make_schedule(protocol: str, num_clients: int, num_steps: int, delays: Delay
     ``aggregation="count"``, not allowed with a clock), ``refill``, ``aggregation``, ``period``, ``rate``;
     ``all_active``: ``aggregation``, ``period``, ``rate``; ``synchronous``: ``participants``).
     """
+    check_make_schedule(protocol, num_clients, num_steps, delays, seed)
     if protocol not in _OPTIONS:
         raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
     fn, valid = _OPTIONS[protocol]

@@ -224,6 +224,10 @@ class Schedule:
         n, S = self.num_clients, self.num_slots
         if n < 1:
             raise ValueError(f"num_clients must be >= 1, got {n}")
+        limit = int(np.iinfo(np.int32).max)  # client ids and slots are int32 arrays inside the compiled program
+        for name, value in (("num_clients", n), ("num_slots", S)):
+            if not 0 <= value <= limit:
+                raise ValueError(f"{name} = {value} is out of range: must be in [0, {limit}] (int32)")
         for name in ("arrival_slots", "arrival_versions", "arrival_times"):
             if getattr(self, name).shape != (T, M):
                 raise ValueError(f"{name} has shape {getattr(self, name).shape}, expected {(T, M)}")
