@@ -398,6 +398,11 @@ class HostLoop:
         self.state.run_seconds = (self._run_before + now - self._start_wall - self.loop_compile_seconds
                                   - self.excluded_seconds)
 
+    def count_in_run_time(self, seconds: float) -> None:
+        """Counts ``seconds`` that a callback spent (which the loop leaves out of ``run_seconds``) in the run time
+        after all: the time the loop waited for a checkpoint save belongs to the run."""
+        self.excluded_seconds -= seconds
+
     def history(self) -> Any:
         """The :class:`~asyncfl_jax.results.History` of the evaluations so far."""
         self.update_times()
