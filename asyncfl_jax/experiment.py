@@ -153,6 +153,7 @@ def run_experiment(
     resume: bool = False,
     callbacks: Sequence[Any] = (),
     checkpoint_interval: float | None = None,
+    final_checkpoint: bool = True,
 ) -> History:
     """Simulates one run (all its seeds and swept hyper-parameters as one vmapped program); the checkpoint arguments
     and ``callbacks`` are those of :func:`~asyncfl_jax.engine.simulate`."""
@@ -183,6 +184,7 @@ def run_experiment(
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every if checkpoint_dir is not None else None,
         checkpoint_interval=checkpoint_interval if checkpoint_dir is not None else None,
+        final_checkpoint=final_checkpoint,
         resume=resume,
         callbacks=callbacks,
         precision=cfg.precision,
@@ -560,6 +562,7 @@ def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress:
             history = run_experiment(cfg, run, task, schedules, progress=progress, checkpoint_dir=folder,
                                      checkpoint_every=None if cadence is None else cadence.every,
                                      checkpoint_interval=None if cadence is None else cadence.interval,
+                                     final_checkpoint=False,  # the History saved below replaces it
                                      resume=resume, callbacks=callbacks)
             if files and history.realized_schedules is not None:  # the events the clocked run went through
                 save_realized_schedules(cfg, run, history, manifest)

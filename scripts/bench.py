@@ -45,6 +45,9 @@ What it measures (everything in the same run, so ratios are meaningful on a nois
   state): the replicas vmapped on one device and spread over the host devices (``shard_replicas``), printed as
   "total arrivals/s of R replicas / one replica" (= R replicas together / the R run one by one); for the MLP also
   the local-training GFLOP/s over the matmul rate measured right after each row.
+* ``checkpoints``: ``simulate`` with the default checkpoints (wall-clock interval, asynchronous) against none, on
+  the benchmark task (FedBuff MLP), ACE with its n x d cache and a 10,000-step logistic-regression run evaluated every
+  10 steps (``bench_checkpoints.py``); target: default <= 1.05x the wall time of no checkpoints.
 * ``compile``: the compile time of the default experiment (``asyncfl run`` with no options, ``ExperimentConfig()``)
   as ``History.compile_seconds`` reports it, and its wall time.
 * ``schedules``: wall time of ``make_schedule`` for 1M arrivals (all_active n=100k, T=1M; concurrent n=100k,
@@ -81,6 +84,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_scale.py, next to this file
+import bench_checkpoints  # noqa: E402
 import bench_scale  # noqa: E402
 import bench_yardstick  # noqa: E402
 from bench_scale import bench_baseline, bench_engine  # noqa: E402
@@ -122,7 +126,7 @@ CHECK_RTOL = bench_scale.CHECK_RTOL  # engine vs baseline: max |diff| <= CHECK_R
 # grows to ~1e-5 after 5 steps and ~1.5e-3 after 20-30 (measured); training different clients or keys would differ
 # by O(max |x|).
 
-PARTS = ("matmul", "fedbuff", "torch", "ace", "ca2fl", "scaling", "replicas", "compile", "schedules")
+PARTS = ("matmul", "fedbuff", "torch", "ace", "ca2fl", "scaling", "replicas", "checkpoints", "compile", "schedules")
 
 
 def log(msg: str) -> None:
@@ -522,6 +526,9 @@ def print_table(res: dict[str, Any]) -> None:
         print_scaling(res["scaling"])
     if res.get("replicas"):
         print_replicas(res["replicas"])
+    if res.get("checkpoints"):
+        bench_checkpoints.print_checkpoints(res["checkpoints"])
+        print(RULE)
     if res.get("compile"):
         c = res["compile"]
         runs = ", ".join(f"{r['label']} {r['compile_seconds']:.1f} s" for r in c["runs"])
@@ -612,6 +619,8 @@ def targets_of(res: dict[str, Any]) -> list[dict[str, Any]]:
             best = max(max(r.get("fraction_of_matmul", 0.0), r.get("sharded_fraction_of_matmul", 0.0)) for r in mlp)
             targets.append(_target(f"{name}: local-training GFLOP/s / matmul rate measured after it (best R)", best,
                                    bench_scale.TARGET_LOCAL_MATMUL_FRACTION))
+    for name, measured, target in bench_checkpoints.targets(res.get("checkpoints", {})):
+        targets.append(_target(name, measured, target, op="<="))
     if res.get("compile"):
         targets.append(_target("default experiment: compile seconds (all runs)", res["compile"]["compile_seconds_total"],
                                bench_scale.TARGET_COMPILE_SECONDS, op="<="))
@@ -684,7 +693,7 @@ def main(argv=None) -> int:
         seconds["matmul"] = time.perf_counter() - t0
 
     ds = data_note = None
-    if any(x in parts for x in ("fedbuff", "torch", "ace", "ca2fl", "scaling", "replicas")):
+    if any(x in parts for x in ("fedbuff", "torch", "ace", "ca2fl", "scaling", "replicas", "checkpoints")):
         ds, data_note = load_data()
     res["data"] = data_note or "synthetic LEAF (compile part only)"
 
@@ -737,6 +746,12 @@ def main(argv=None) -> int:
         res["replicas"] = bench_scale.run_replicas(ds, scale_plan["replicas"],
                                                    probe=make_matmul_probe() if mode != "smoke" else None)
         seconds["replicas"] = time.perf_counter() - t0
+
+    if "checkpoints" in parts:
+        log("5'. checkpoints: default (interval, asynchronous) vs none")
+        t0 = time.perf_counter()
+        res["checkpoints"] = bench_checkpoints.run_checkpoints(ds, mode)
+        seconds["checkpoints"] = time.perf_counter() - t0
 
     if "compile" in parts:
         log("6. compile time of the default experiment")

@@ -167,7 +167,9 @@ class Checkpoints:
     background thread writes the folder and then the record (:func:`asyncfl_jax.checkpoint.start_save`); the next
     save, the end of the run and a signal wait for it first, so the record only ever names a finished state. The
     saves after the last chunk and on a signal are waited for. The seconds the loop waits for saves are counted in
-    the run time and reported as ``LoopState.checkpoint_seconds`` (``History.checkpoint_seconds``).
+    the run time and reported as ``LoopState.checkpoint_seconds`` (``History.checkpoint_seconds``). ``at_end=False``
+    leaves out the save after the last chunk (for a caller that saves the finished run's History itself, as
+    ``asyncfl run`` does; a save under way is still finished).
 
     While the chunks run, the first Ctrl-C (SIGINT) or a SIGTERM lets the current chunk finish, saves, and raises
     :class:`~asyncfl_jax.checkpoint.SimulationInterrupted`; a second Ctrl-C stops at once (the last consistent state
@@ -176,8 +178,8 @@ class Checkpoints:
     """
 
     def __init__(self, directory: str, run: Any, every: int | None = None, interval: float | None = None, *,
-                 clock: Any = time.monotonic, asynchronous: bool = True) -> None:
-        self.directory, self.run = directory, run
+                 clock: Any = time.monotonic, asynchronous: bool = True, at_end: bool = True) -> None:
+        self.directory, self.run, self.at_end = directory, run, at_end
         self.cadence = checkpoint.cadence(every, interval)
         self.clock, self.asynchronous = clock, asynchronous
         placed, timeline = run.placed, run.timeline
@@ -237,7 +239,7 @@ class Checkpoints:
         del update
         if self.pending is not None and self.pending.done():
             self.finish_pending()  # a failed write is reported at the next chunk
-        if self.stop.reason or loop.finished:
+        if self.stop.reason or (loop.finished and self.at_end):
             self.save(loop, wait=True)
         elif self.cadence.due(loop.state.next_chunk, self.clock() - self.last_save):
             self.save(loop, wait=False)
@@ -268,7 +270,7 @@ class Checkpoints:
                 logger.warning("%s: %s", self.run.label, e)
             return
         self.finish_pending()
-        if self.saved_chunk != loop.state.next_chunk:  # e.g. resumed from a finished checkpoint
+        if self.at_end and self.saved_chunk != loop.state.next_chunk:  # e.g. resumed from a finished checkpoint
             self.save(loop)
 
 

@@ -24,7 +24,7 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
              progress: bool = True, label: str | None = None, shard_jobs: bool = False, shard_replicas: bool = False,
              shard_clients: bool = False, lookahead: int = 1, checkpoint_dir: str | None = None,
              checkpoint_every: int | None = None, checkpoint_interval: float | None = None,
-             resume: bool = False, callbacks: Sequence[Any] = (),
+             resume: bool = False, callbacks: Sequence[Any] = (), final_checkpoint: bool = True,
              precision: str = "float32", trajectory: bool | Callable[[Any], Any] | None = None,
              replica_batch: int | None = None) -> History:
     """Runs an experiment (all replicas as one vmapped program) and returns its :class:`History`.
@@ -61,6 +61,8 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
       checkpoint_interval: seconds of wall time between two saves (> 0; default
         :data:`~asyncfl_jax.checkpoint.DEFAULT_INTERVAL`, 60). At most one of the two; neither is accepted without
         a ``checkpoint_dir``.
+      final_checkpoint: also save after the last chunk (default). ``asyncfl run`` turns it off: it saves the finished
+        run's History in the checkpoint folder instead (a save under way still finishes).
       resume: continue from the checkpoint in ``checkpoint_dir`` when there is one of this same run (else
         :class:`~asyncfl_jax.checkpoint.CheckpointMismatchError` says what differs); the History then equals that
         of an uninterrupted run bit for bit (not the timings). With ``resume=False`` a checkpoint is replaced.
@@ -98,13 +100,13 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
     with precision_scope(check_precision(precision)):  # a restored float64 checkpoint needs x64 too
         return _simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label,
                          make_placement(shard_jobs, shard_replicas, shard_clients), lookahead, checkpoint_dir,
-                         (checkpoint_every, checkpoint_interval), resume, callbacks, precision, trajectory,
-                         replica_batch)
+                         (checkpoint_every, checkpoint_interval, final_checkpoint), resume, callbacks, precision,
+                         trajectory, replica_batch)
 
 
 def _simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
               hparams: Mapping[str, Any] | None, eval_every: int, progress: bool, label: str | None, placement: Any,
-              lookahead: int, checkpoint_dir: str | None, checkpoint_cadence: tuple[Any, Any], resume: bool,
+              lookahead: int, checkpoint_dir: str | None, checkpoint_options: tuple[Any, Any, bool], resume: bool,
               callbacks: Sequence[Any], precision: str, trajectory: Any, replica_batch: int | None) -> History:
     run = prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
                       precision=precision, trajectory=trajectory, replica_batch=replica_batch)
@@ -114,7 +116,8 @@ def _simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConf
     chain = [ProgressBar(progress), DivergenceWarnings(), StopWhenAllDiverged(), *callbacks]
     state = None
     if checkpoint_dir is not None:
-        saver = Checkpoints(checkpoint_dir, run, *checkpoint_cadence)
+        every, interval, at_end = checkpoint_options
+        saver = Checkpoints(checkpoint_dir, run, every, interval, at_end=at_end)
         chain.append(saver)
         state = saver.restore() if resume else None
         if state is not None:
