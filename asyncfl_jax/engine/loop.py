@@ -26,6 +26,7 @@ from asyncfl_jax.engine.budget import MemoryBudget, check_compiled, memory_budge
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, stack_hparams
 from asyncfl_jax.engine.placement import Placed, ShardJobs, SingleDevice, check_processes
+from asyncfl_jax.engine.replica_groups import GroupedChunk, auto_replica_batch, local_flops_per_step
 from asyncfl_jax.engine.step import Program
 from asyncfl_jax.engine.timelines import make_timeline
 from asyncfl_jax.precision import cast_task, check_precision, precision_dtype, precision_scope
@@ -155,7 +156,7 @@ class Run:
     metrics: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # name -> shape (metric_shapes)
     precision: str = "float32"  # the run's float precision (asyncfl_jax.precision)
     trajectory: Any = None  # the shapes of one trajectory record (trajectory_shape), None when off
-    replica_batch: int | None = None  # replicas computed together in a chunk (map_replicas); None: all of them
+    replica_batch: int | None = None  # replicas computed together in a chunk (GroupedChunk); None: all of them
     init: Any = dataclasses.field(default=None, repr=False)  # the jitted vmapped init prepare_run traced (or None)
 
     @property
@@ -196,8 +197,23 @@ def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCo
     with precision_scope(precision):
         run = _prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
                            replicas, precision, record)
+    if replica_batch is None:  # the grouping that suits the backend (replica_groups.py)
+        return dataclasses.replace(run, replica_batch=default_replica_batch(run))
     return dataclasses.replace(run, replica_batch=check_replica_batch(replica_batch, len(run.replicas),
                                                                       run.placement))
+
+
+def default_replica_batch(run: Run) -> int | None:
+    """The replica grouping of a run that does not set ``replica_batch``: all replicas together (None) when placed
+    over several devices or on an accelerator; on a CPU, groups sized from the local training of a server step
+    (:func:`~asyncfl_jax.engine.replica_groups.auto_replica_batch`)."""
+    if run.placement.name:  # shard_*: the placement lays the replicas out
+        return None
+    schedules = getattr(run.timeline, "schedules", None)
+    jobs = float(np.mean(schedules[0].uploads_per_step)) if schedules else 1.0  # the event clock: one per step
+    local = run.local
+    work = local_flops_per_step(run.task.num_params, jobs, local.steps, local.batch_size or 32)
+    return auto_replica_batch(len(run.replicas), jax.default_backend(), work)
 
 
 def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
@@ -323,6 +339,15 @@ def map_replicas(fn: Callable[..., Any], in_axes: tuple[Any, ...], replica_batch
     return grouped
 
 
+def chunk_function(fn: Callable[..., Any], in_axes: tuple[Any, ...], replica_batch: int | None, num_replicas: int,
+                   jit_kwargs: Mapping[str, Any]) -> Any:
+    """The jitted chunk over the replica axis (the carry donated): the plain vmap, or with ``replica_batch = g``
+    the vmapped chunk of ``g`` replicas called by the host on each group (:class:`GroupedChunk`)."""
+    if replica_batch is None:
+        return jax.jit(jax.vmap(fn, in_axes=in_axes), donate_argnums=(0,), **jit_kwargs)
+    return GroupedChunk(fn, in_axes, replica_batch, num_replicas)
+
+
 class HostLoop:
     """Runs a prepared :class:`Run` chunk by chunk (see the module docstring).
 
@@ -342,8 +367,8 @@ class HostLoop:
             self.init_fn = jax.jit(jax.vmap(program.init, in_axes=(timeline.input_axes, 0, 0, None)),
                                    **placed.init_jit)
         chunk_axes = (0, timeline.chunk_axes, 0, 0, None)
-        self.chunk_fns = {frozen: jax.jit(map_replicas(fn, chunk_axes, run.replica_batch), donate_argnums=(0,),
-                                          **placed.chunk_jit)
+        self.chunk_fns = {frozen: chunk_function(fn, chunk_axes, run.replica_batch, len(run.replicas),
+                                                 placed.chunk_jit)
                           for frozen, fn in ((False, program.advance), (True, program.frozen_advance))}
         self.eval_fn = functools.partial(evaluate_replicas, run.algorithm.params, program.evaluate)
         self.record_fn = jax.jit(jax.vmap(program.trajectory_record))  # x_0's record (the trajectory's first)
