@@ -42,7 +42,9 @@ What it measures (everything in the same run, so ratios are meaningful on a nois
   carry's shapes (see ``bench_scale.py``: the engine's init unrolls n / 256 groups of jobs and compiles for minutes).
 * ``replicas``: wall time per server step as the replica axis (client learning rates x seeds) grows 1 -> 64,
   FedBuff (the setting above; logistic regression and the MLP) and ACE (n=1000, logistic regression, from a zero
-  state): the replicas vmapped on one device and spread over the host devices (``shard_replicas``), printed as
+  state): the replicas with the default settings on one device (the engine's grouping for the backend: on a CPU,
+  groups called one after another by the host, ``engine/replica_groups.py``), all vmapped together
+  (``replica_batch=R``), and spread over the host devices (``shard_replicas``), printed as
   "total arrivals/s of R replicas / one replica" (= R replicas together / the R run one by one); for the MLP also
   the local-training GFLOP/s over the matmul rate measured right after each row.
 * ``checkpoints``: ``simulate`` with the default checkpoints (wall-clock interval, asynchronous) against none, on
@@ -646,6 +648,10 @@ def main(argv=None) -> int:
     p.add_argument("--real-init-max-n", type=int, default=None,
                    help="scaling part: run the engine's init (initial jobs, ACE's initialization round) up to this n "
                         "and start larger runs from a zero state (default 1000; running the init trains 2n jobs)")
+    p.add_argument("--replica-counts", default=None,
+                   help="replicas part: comma-separated replica counts (default: the mode's, e.g. 1,8,16 with --quick)")
+    p.add_argument("--replica-models", default=None,
+                   help="replicas part: comma-separated subset of fedbuff,fedbuff_mlp,ace (default: all three)")
     p.add_argument("--one-device", action="store_true",
                    help="keep JAX's single CPU device (default: one device per core, jobs of a step spread over them)")
     args = p.parse_args(argv)
@@ -665,6 +671,13 @@ def main(argv=None) -> int:
     scale_plan = bench_scale.PLANS[mode]
     if args.real_init_max_n is not None:
         scale_plan = {**scale_plan, "scaling": {**scale_plan["scaling"], "real_init_max_n": args.real_init_max_n}}
+    if args.replica_counts or args.replica_models:
+        replicas_plan = dict(scale_plan["replicas"])
+        if args.replica_counts:
+            replicas_plan["counts"] = tuple(int(c) for c in args.replica_counts.split(","))
+        if args.replica_models:
+            replicas_plan["algorithms"] = tuple(m.strip() for m in args.replica_models.split(","))
+        scale_plan = {**scale_plan, "replicas": replicas_plan}
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:
         if m not in plan:

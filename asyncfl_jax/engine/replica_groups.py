@@ -29,10 +29,10 @@ import jax
 import jax.numpy as jnp
 
 # On a CPU, replicas are grouped so that a group's local training per server step is about this many FLOPs: below
-# it the vmap's savings on the per-step overhead win, above it the lost threading and cache do (measured on 2 cores,
-# docs/benchmarks.md: FedBuff logistic regression, 150 MFLOP per step, and the MLP, 3.8 GFLOP, run one replica at a
-# time; ACE at n = 1,000, 1.5 MFLOP, all together up to 40 replicas).
-CPU_GROUP_FLOPS = 6e7
+# it the vmap's savings on the per-step overhead win, above it the lost threading and cache do. Measured on 2 cores
+# (docs/benchmarks.md, "Replicas"): FedBuff logistic regression (150 MFLOP per step) was fastest in groups of 4, the
+# MLP (3.8 GFLOP) one replica at a time, ACE at n = 1,000 (1.5 MFLOP) with every replica together.
+CPU_GROUP_FLOPS = 6e8
 
 
 def local_flops_per_step(num_params: int, jobs_per_step: float, steps: int, batch_size: int) -> float:
