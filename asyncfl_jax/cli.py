@@ -165,8 +165,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="lookahead batching: train the jobs of up to L server steps in one vmapped call when the "
                         "schedule allows (default 1: off)")
     g.add_argument("--replica-batch", type=int, metavar="G",
-                   help="compute the replicas G at a time in each chunk instead of all together (on a CPU, large "
-                        "sweeps of bigger models can run faster per replica; same results up to float rounding)")
+                   help="compute the replicas G at a time in each chunk (default: all together on an accelerator, "
+                        "groups sized from the work of a step on a CPU; G >= the replicas: all together; same "
+                        "results up to float rounding)")
     g.add_argument("--shard-replicas", action="store_true",
                    help="spread the replicas (seeds x swept hyper-parameters) over all JAX devices; their number "
                         "must be a multiple of the device count")

@@ -309,36 +309,6 @@ def check_replica_batch(replica_batch: int | None, num_replicas: int, placement:
     return None if replica_batch >= num_replicas else int(replica_batch)
 
 
-def map_replicas(fn: Callable[..., Any], in_axes: tuple[Any, ...], replica_batch: int | None) -> Callable[..., Any]:
-    """``fn`` over the replica axis: ``jax.vmap(fn, in_axes)``, or ``replica_batch`` replicas at a time.
-
-    With ``replica_batch = g`` the replicas are computed in groups of ``g`` (``lax.map(..., batch_size=g)``: a loop
-    over groups, each group vmapped), one group after the other. The result has the same layout as the vmap's
-    (replicas on the leading axis of every output). On a CPU, one replica's small local-training matmuls already use
-    the cores; a vmap over many replicas makes larger batched operations whose working set leaves the cache, so
-    groups can run faster per replica (docs/benchmarks.md). Each replica's arithmetic is the same; only the batch
-    its operations are vectorised with changes, which can change float rounding (as lookahead does).
-
-    ``in_axes``: per argument 0 (mapped over replicas) or None (shared), or a pytree prefix of such entries.
-    """
-    if replica_batch is None:
-        return jax.vmap(fn, in_axes=in_axes)
-    is_axis = lambda a: a is None or isinstance(a, int)  # noqa: E731
-
-    def grouped(*args: Any) -> Any:
-        mapped = [jax.tree_util.tree_map(lambda ax, a: a if ax == 0 else None, axes, arg, is_leaf=is_axis)
-                  for axes, arg in zip(in_axes, args)]
-
-        def one_replica(parts: list[Any]) -> Any:
-            full = [jax.tree_util.tree_map(lambda ax, m, a: m if ax == 0 else a, axes, part, arg, is_leaf=is_axis)
-                    for axes, part, arg in zip(in_axes, parts, args)]
-            return fn(*full)
-
-        return jax.lax.map(one_replica, mapped, batch_size=replica_batch)
-
-    return grouped
-
-
 def chunk_function(fn: Callable[..., Any], in_axes: tuple[Any, ...], replica_batch: int | None, num_replicas: int,
                    jit_kwargs: Mapping[str, Any]) -> Any:
     """The jitted chunk over the replica axis (the carry donated): the plain vmap, or with ``replica_batch = g``

@@ -84,11 +84,12 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         ``eval_every``, ``lookahead`` and with checkpoints (the trajectory so far is saved with the state, so a
         resumed run's trajectory equals the uninterrupted one's). A diverged replica's trajectory repeats the
         model it keeps once it is frozen.
-      replica_batch: compute the replicas ``g`` at a time in each chunk (a loop over groups of ``g`` vmapped
-        replicas, :func:`~asyncfl_jax.engine.loop.map_replicas`) instead of all together; None (default): all
-        together. On a CPU, large vmapped sweeps of a model like the MLP can run faster per replica in small groups
-        (their working set stays in the cache; see docs/benchmarks.md). The same results up to float rounding; one
-        device only (not with ``shard_*``).
+      replica_batch: compute the replicas ``g`` at a time in each chunk (the vmapped chunk of ``g`` replicas,
+        called by the host on each group: :mod:`~asyncfl_jax.engine.replica_groups`); ``g`` >= the number of
+        replicas: all together. None (default): all together on an accelerator, and on a CPU groups sized from the
+        local training of a step (one MLP replica at a time, logistic regression in groups of a few, light steps all
+        together), where a vmap over many replicas is slower than the replicas one after another (see
+        docs/benchmarks.md). The same results up to float rounding; one device only (not with ``shard_*``).
     """
     cadence(checkpoint_every, checkpoint_interval)  # invalid values or both: a ValueError before anything runs
     if resume and checkpoint_dir is None:
