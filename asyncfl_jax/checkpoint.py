@@ -94,6 +94,52 @@ class SimulationInterrupted(KeyboardInterrupt):
         super().__init__(f"{label}: interrupted by {reason}; {where}")
 
 
+# ---------------------------------------------------------------------------------------------------- cadence
+DEFAULT_INTERVAL = 60.0  # seconds of wall time between two checkpoints when neither option is given
+
+
+@dataclasses.dataclass(frozen=True)
+class Cadence:
+    """When a running simulation saves a checkpoint besides the end and a signal: every ``every`` evaluation chunks,
+    or once ``interval`` seconds of wall time have passed since the last save (checked after each chunk). Exactly
+    one of the two is set; :func:`cadence` builds it from the user's options."""
+
+    every: int | None = None
+    interval: float | None = None
+
+    def due(self, next_chunk: int, seconds_since_save: float) -> bool:
+        """Whether the state after ``next_chunk`` chunks is saved, ``seconds_since_save`` after the last save (or
+        the start of the loop)."""
+        if self.every is not None:
+            return next_chunk % self.every == 0
+        return seconds_since_save >= self.interval
+
+    def describe(self) -> str:
+        return (f"every {self.every} chunk{'s' if self.every != 1 else ''}" if self.every is not None
+                else f"every {self.interval:g} s")
+
+
+def cadence(every: int | None = None, interval: float | None = None, *, every_name: str = "checkpoint_every",
+            interval_name: str = "checkpoint_interval") -> Cadence:
+    """The :class:`Cadence` of the options ``every`` (chunks, an integer >= 1) and ``interval`` (seconds, a finite
+    number > 0); neither: every :data:`DEFAULT_INTERVAL` seconds. Both are refused (one of them would be ignored);
+    the names in the messages are the caller's (e.g. ``--checkpoint-every``)."""
+    if every is not None and interval is not None:
+        raise ValueError(f"{every_name} = {every!r} and {interval_name} = {interval!r} cannot both be given: "
+                         f"checkpoints are saved either every N chunks ({every_name}) or every so many seconds "
+                         f"({interval_name}, default {DEFAULT_INTERVAL:g})")
+    if every is not None:
+        if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
+            raise ValueError(f"invalid option {every_name} = {every!r}: must be an integer >= 1")
+        return Cadence(every=int(every))
+    if interval is None:
+        return Cadence(interval=DEFAULT_INTERVAL)
+    if isinstance(interval, bool) or not isinstance(interval, (int, float, np.integer, np.floating)) or not (
+            np.isfinite(interval) and interval > 0):
+        raise ValueError(f"invalid option {interval_name} = {interval!r}: must be a number of seconds > 0")
+    return Cadence(interval=float(interval))
+
+
 # ---------------------------------------------------------------------------------------------------- identity
 def hash_arrays(tree: Any) -> str:
     """SHA-256 of every leaf of ``tree`` (dtype, shape and bytes), in tree order (arrays split across the processes
@@ -208,6 +254,7 @@ class LoopState:
     run_seconds: float
     carry: Any  # the carry pytree (device arrays when running; host arrays as loaded)
     traces: dict[str, list[np.ndarray]] = dataclasses.field(default_factory=dict)  # name -> [R, steps] per chunk
+    checkpoint_seconds: float = 0.0  # wall time the loop waited for checkpoint saves (part of run_seconds)
 
 
 def _is_primary() -> bool:
@@ -231,6 +278,15 @@ def _checkpointer() -> Any:
     import orbax.checkpoint as ocp
 
     return ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_compression=False))
+
+
+def _async_checkpointer() -> Any:
+    """The asynchronous twin of :func:`_checkpointer` (same handler, same files): ``save`` returns once the arrays
+    are handed over (device arrays brought to host memory; on a CPU a numpy view of the buffer, not a copy) and a
+    background thread writes and finalizes the folder; ``wait_until_finished`` waits for it and raises its error."""
+    import orbax.checkpoint as ocp
+
+    return ocp.AsyncCheckpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_compression=False))
 
 
 def _state_arrays(state: LoopState) -> tuple[dict[str, Any], dict[str, list[Any]], int]:
@@ -334,9 +390,9 @@ def _shorter(message: str, limit: int = 600) -> str:
 
 
 def _write_state(path: str, arrays: Mapping[str, Any]) -> None:
-    """Writes ``arrays`` as the orbax checkpoint folder ``path`` (on every process). On an error,
-    :class:`CheckpointError` says why (e.g. a full disk) and the temporary folder is removed (the next save or load
-    removes it otherwise: orbax's writing threads may still add to it for a moment)."""
+    """Writes ``arrays`` as the orbax checkpoint folder ``path`` (on every process) and returns once it is
+    finalized. On an error, :class:`CheckpointError` says why (e.g. a full disk) and the temporary folder is removed
+    (the next save or load removes it otherwise: orbax's writing threads may still add to it for a moment)."""
     import orbax.checkpoint as ocp
 
     from asyncfl_jax.quiet import library_logs_held
@@ -346,20 +402,98 @@ def _write_state(path: str, arrays: Mapping[str, Any]) -> None:
         try:
             checkpointer.save(path, args=ocp.args.PyTreeSave(dict(arrays)))
         except Exception as e:  # orbax and tensorstore raise many types (OSError, ValueError, RuntimeError...)
-            with contextlib.suppress(Exception):
-                checkpointer.close()
-            directory = os.path.dirname(path)
-            _remove_stale(directory, keep=_current_state(directory))
-            raise CheckpointError(f"the checkpoint state {path} could not be written ({type(e).__name__}: "
-                                  f"{_shorter(str(e))}); the previous checkpoint, if any, is kept") from e
+            raise _write_error(path, e, checkpointer) from e
         checkpointer.close()
 
 
-def save(directory: str, identity: Mapping[str, Any], state: LoopState, num_chunks: int) -> str:
-    """Writes ``state`` as the current checkpoint of ``directory`` (atomically); returns the record's path.
+def _start_state(path: str, arrays: Mapping[str, Any]) -> Any:
+    """Starts writing ``arrays`` as the orbax checkpoint folder ``path`` and returns the asynchronous checkpointer
+    once the arrays are handed over (:func:`_async_checkpointer`); :func:`_finish_state` waits for the folder."""
+    import orbax.checkpoint as ocp
 
-    Every process of a multi-host run must call it (each writes the shards of the carry it holds); process 0 then
-    checks the state's files into the record and deletes the superseded states.
+    checkpointer = _async_checkpointer()
+    try:
+        checkpointer.save(path, args=ocp.args.PyTreeSave(dict(arrays)))
+    except Exception as e:  # noqa: BLE001
+        raise _write_error(path, e, checkpointer) from e
+    return checkpointer
+
+
+def _finish_state(path: str, checkpointer: Any) -> None:
+    """Waits until the background write of :func:`_start_state` has finalized ``path`` (errors as in
+    :func:`_write_state`)."""
+    try:
+        checkpointer.wait_until_finished()
+    except Exception as e:  # noqa: BLE001
+        raise _write_error(path, e, checkpointer) from e
+    checkpointer.close()
+
+
+def _write_error(path: str, error: Exception, checkpointer: Any) -> CheckpointError:
+    """The :class:`CheckpointError` of a failed write of the state folder ``path``, after closing the checkpointer
+    and removing what the write left (the previous checkpoint stays)."""
+    with contextlib.suppress(Exception):
+        checkpointer.close()
+    directory = os.path.dirname(path)
+    _remove_stale(directory, keep=_current_state(directory))
+    return CheckpointError(f"the checkpoint state {path} could not be written ({type(error).__name__}: "
+                           f"{_shorter(str(error))}); the previous checkpoint, if any, is kept")
+
+
+class PendingSave:
+    """A checkpoint being written (:func:`start_save`): :meth:`wait` returns the record's path once the new state is
+    the current checkpoint, or raises the write's :class:`CheckpointError`. Until then the record still points to
+    the previous state, so a process killed meanwhile leaves the previous checkpoint."""
+
+    def __init__(self, path: str, finish: Any = None, held: contextlib.ExitStack | None = None) -> None:
+        self.path = path
+        self._held = held  # the libraries' logs, held until the write is waited for (asyncfl_jax.quiet)
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if finish is not None:
+            self._thread = threading.Thread(target=self._run, args=(finish,), name="asyncfl_jax-checkpoint")
+            self._thread.start()
+
+    def _run(self, finish: Any) -> None:
+        try:
+            finish()
+        except BaseException as e:  # noqa: BLE001  (raised again by wait, in the caller's thread)
+            self._error = e
+
+    def done(self) -> bool:
+        """Whether the write has ended (finished or failed): :meth:`wait` then returns at once."""
+        return self._thread is None or not self._thread.is_alive()
+
+    def wait(self) -> str:
+        """Waits for the write; returns the record's path or raises its error (once)."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+        return self.path
+
+
+def save(directory: str, identity: Mapping[str, Any], state: LoopState, num_chunks: int) -> str:
+    """Writes ``state`` as the current checkpoint of ``directory`` (atomically) and returns the record's path once it
+    is written (:func:`start_save` without a background write)."""
+    return start_save(directory, identity, state, num_chunks, asynchronous=False).wait()
+
+
+def start_save(directory: str, identity: Mapping[str, Any], state: LoopState, num_chunks: int,
+               asynchronous: bool = True) -> PendingSave:
+    """Starts writing ``state`` as the current checkpoint of ``directory`` (atomically).
+
+    Returns once everything the write needs is taken from ``state`` (its arrays handed to orbax, its record's fields
+    copied), so the caller may go on with the next chunk, even donating the carry's buffers; a background thread
+    then writes the state folder, hashes and syncs its files and only then replaces the record
+    (:meth:`PendingSave.wait`). The previous save of the same folder must have been waited for. With
+    ``asynchronous=False``, or in a multi-host run (whose barriers stay in the main thread), everything is done
+    before it returns. Every process of a multi-host run must call it (each writes the shards of the carry it holds);
+    process 0 then checks the state's files into the record and deletes the superseded states.
     """
     directory = os.path.abspath(directory)
     path = os.path.join(directory, RECORD)
@@ -370,28 +504,45 @@ def save(directory: str, identity: Mapping[str, Any], state: LoopState, num_chun
         os.makedirs(directory, exist_ok=True)
         _remove_stale(directory, keep=current)  # the destination too, when no record names it
     arrays, layout, carry_leaves = _state_arrays(state)
+    record = _record_body(identity, state, num_chunks, state_name, layout, carry_leaves)
     state_path = os.path.join(directory, state_name)
-    _write_state(state_path, arrays)
-    if _is_primary():
-        _write_record(path, identity, state, num_chunks, state_name, layout, carry_leaves)
-        _remove_stale(directory, keep=state_name)  # superseded states (only after the record)
-    _sync_processes("saved")  # every process returns once the new checkpoint is the current one
-    return path
+
+    def commit() -> None:
+        if _is_primary():
+            _write_record(path, record)
+            _remove_stale(directory, keep=state_name)  # superseded states (only after the record)
+        _sync_processes("saved")  # every process returns once the new checkpoint is the current one
+
+    if not asynchronous or jax.process_count() > 1:
+        _write_state(state_path, arrays)
+        commit()
+        return PendingSave(path)
+    from asyncfl_jax.quiet import library_logs_held
+
+    held = contextlib.ExitStack()  # orbax's threads would log a failed write with its traceback; wait() raises it
+    held.enter_context(library_logs_held())
+    try:
+        checkpointer = _start_state(state_path, arrays)
+    except BaseException:
+        held.close()
+        raise
+    del arrays  # orbax holds what it writes; the carry's buffers are free for the next chunk
+
+    def finish() -> None:
+        _finish_state(state_path, checkpointer)
+        commit()
+
+    return PendingSave(path, finish, held)
 
 
-def _write_record(path: str, identity: Mapping[str, Any], state: LoopState, num_chunks: int, state_name: str,
-                  layout: Mapping[str, Any], carry_leaves: int) -> None:
-    """Makes the finalized state folder ``state_name`` current: hashes and syncs its files, then replaces the
-    record ``path`` atomically."""
-    directory = os.path.dirname(path)
-    state_path = os.path.join(directory, state_name)
-    _fsync(directory)  # the rename of the finalized folder
-    record = {
+def _record_body(identity: Mapping[str, Any], state: LoopState, num_chunks: int, state_name: str,
+                 layout: Mapping[str, Any], carry_leaves: int) -> dict[str, Any]:
+    """The record of ``state`` without the state files' hashes (known once the folder is written)."""
+    return {
         "format": FORMAT,
         "identity": dict(identity),
         "state_dir": state_name,
-        "state_files": _file_hashes(state_path, sync=True),
-        "arrays": layout,
+        "arrays": dict(layout),
         "next_chunk": int(state.next_chunk),
         "next_step": int(state.eval_steps[-1]),
         "num_chunks": int(num_chunks),
@@ -403,7 +554,17 @@ def _write_record(path: str, identity: Mapping[str, Any], state: LoopState, num_
         "carry_leaves": carry_leaves,
         "compile_seconds": float(state.compile_seconds),
         "run_seconds": float(state.run_seconds),
+        "checkpoint_seconds": float(state.checkpoint_seconds),
     }
+
+
+def _write_record(path: str, body: Mapping[str, Any]) -> None:
+    """Makes the finalized state folder ``body["state_dir"]`` current: hashes and syncs its files, then replaces the
+    record ``path`` atomically."""
+    directory = os.path.dirname(path)
+    state_path = os.path.join(directory, body["state_dir"])
+    _fsync(directory)  # the rename of the finalized folder
+    record = {**body, "state_files": _file_hashes(state_path, sync=True)}
     record[CHECKSUM] = record_checksum(record)
     write_atomic(path, json.dumps(record, indent=1) + "\n")
 
@@ -656,6 +817,7 @@ def load(directory: str, identity: Mapping[str, Any], carry_shape: Any, *, shard
         stopped_early=bool(record["stopped_early"]),
         compile_seconds=float(record["compile_seconds"]),
         run_seconds=float(record["run_seconds"]),
+        checkpoint_seconds=float(record.get("checkpoint_seconds", 0.0)),  # absent in records of earlier versions
         carry=jax.tree_util.tree_unflatten(treedef, [arrays[f"c{i:04d}"] for i in range(len(shapes))]),
         traces={name: [arrays[f"t{i:03d}"]] for i, name in enumerate(record["trace_names"])},
     )

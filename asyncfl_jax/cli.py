@@ -25,7 +25,8 @@ signals"):
 ====  ==================================================================================================
 
 Checkpoints: ``asyncfl run --out DIR`` saves each run's state into ``DIR/checkpoints/<run>/`` every
-``--checkpoint-every`` evaluation chunks (default 1; ``--no-checkpoint`` turns it off) and the History of each
+``--checkpoint-interval`` seconds (default 60, written in the background while the run goes on) or every
+``--checkpoint-every`` evaluation chunks, and at the end (``--no-checkpoint`` turns them off), and the History of each
 finished run there. Ctrl-C or SIGTERM lets the current chunk finish, saves, and exits (codes 130 and 143);
 ``asyncfl run --resume DIR`` then continues from ``DIR/config.json``: finished runs are reused, the unfinished one
 continues from its checkpoint, and the results equal an uninterrupted run's. ``--out DIR`` refuses (exit code 2) a
@@ -99,8 +100,12 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="DIR",
                      help="continue the interrupted run in DIR (its config.json and checkpoints); finished runs are "
                           "reused, the results equal an uninterrupted run's")
-    run.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
-                     help="save a checkpoint into OUT/checkpoints/<run>/ every N evaluation chunks (default: 1)")
+    run.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                     help="save a checkpoint into OUT/checkpoints/<run>/ every N evaluation chunks (instead of "
+                          "--checkpoint-interval)")
+    run.add_argument("--checkpoint-interval", type=float, default=None, metavar="SECONDS",
+                     help="save a checkpoint every SECONDS of wall time, checked after each evaluation chunk and "
+                          "written in the background (default: 60)")
     run.add_argument("--no-checkpoint", action="store_true", help="save no checkpoints")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="set any option, e.g. data.num_clients=50, local.lr=0.1, runs.arrivals=2000 (all runs)")
@@ -198,8 +203,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="lookahead batching: train the jobs of up to L server steps in one vmapped call when the "
                         "schedule allows (default 1: off)")
     g.add_argument("--replica-batch", type=int, metavar="G",
-                   help="compute the replicas G at a time in each chunk instead of all together (on a CPU, large "
-                        "sweeps of bigger models can run faster per replica; same results up to float rounding)")
+                   help="compute the replicas G at a time in each chunk (default: all together on an accelerator, "
+                        "groups sized from the work of a step on a CPU; G >= the replicas: all together; same "
+                        "results up to float rounding)")
     g.add_argument("--shard-replicas", action="store_true",
                    help="spread the replicas (seeds x swept hyper-parameters) over all JAX devices; their number "
                         "must be a multiple of the device count")
@@ -678,8 +684,7 @@ def _command(args: argparse.Namespace) -> int:
     validate(cfg)
     check_config(cfg, explicit_from_cli(args))
     cfg = resolve(cfg)
-    if args.checkpoint_every < 1:
-        raise ConfigError(f"invalid option --checkpoint-every = {args.checkpoint_every}: must be an integer >= 1")
+    _check_checkpoint_options(args)
     if cfg.output is not None:
         _check_out_path(cfg.output)
     from asyncfl_jax.preflight import check_memory
@@ -711,7 +716,8 @@ def _command(args: argparse.Namespace) -> int:
     try:
         with log_to_stderr():  # SIGINT/SIGTERM outside the simulation loop: _signals' handlers (main)
             histories = run_config(cfg, progress=not args.no_progress, plot=not args.no_plot, resume=resume,
-                                   checkpoint_every=None if args.no_checkpoint else args.checkpoint_every,
+                                   checkpoints=not args.no_checkpoint, checkpoint_every=args.checkpoint_every,
+                                   checkpoint_interval=args.checkpoint_interval,
                                    callbacks=callbacks, overwrite=args.overwrite and not resume)
     except SimulationInterrupted as e:
         print(f"asyncfl: {e}", file=sys.stderr)
@@ -724,6 +730,22 @@ def _command(args: argparse.Namespace) -> int:
     print(f"asyncfl: results in {cfg.output}/ (config.json, environment.json, metrics.csv, summary.json, schedules/"
           f"{'' if args.no_plot else ', accuracy.png'}{'' if args.no_checkpoint else ', checkpoints/'})")
     return 0
+
+
+def _check_checkpoint_options(args: argparse.Namespace) -> None:
+    """Refuses invalid ``--checkpoint-every`` / ``--checkpoint-interval`` values, both together, and either with
+    ``--no-checkpoint`` (it would be ignored)."""
+    from asyncfl_jax.checkpoint import cadence
+
+    try:
+        cadence(args.checkpoint_every, args.checkpoint_interval, every_name="--checkpoint-every",
+                interval_name="--checkpoint-interval")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for flag, value in (("--checkpoint-every", args.checkpoint_every),
+                        ("--checkpoint-interval", args.checkpoint_interval)):
+        if args.no_checkpoint and value is not None:
+            raise ConfigError(f"{flag} cannot be combined with --no-checkpoint (it would be ignored)")
 
 
 @contextlib.contextmanager
@@ -758,7 +780,8 @@ def result_lines(h: Any) -> list[str]:
     stats = h.schedule_stats[0]
     lines = [f"  {h.label}: {int(h.steps[-1])} steps ({int(h.uploads[0, -1])} uploads, virtual time "
              f"{h.times[0, -1]:.1f}); staleness mean {stats['staleness_mean']:.2f} max {stats['staleness_max']}; "
-             f"compile {h.compile_seconds:.1f}s, run {h.run_seconds:.1f}s"]
+             f"compile {h.compile_seconds:.1f}s, run {h.run_seconds:.1f}s"
+             + (f" (checkpoints {h.checkpoint_seconds:.1f}s)" if h.checkpoint_seconds else "")]
     for point, final, best in zip(h.points(), h.point_stats(metric, "final"), h.point_stats(metric, "best")):
         title = f"{h.label} {point.name}" if point.name else h.label
         line = f"  {title}: final {name} {final.describe()}"

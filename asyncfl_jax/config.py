@@ -639,7 +639,7 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
         _fail("shard_clients", cfg.shard_clients, "must be true or false")
     _check_int("lookahead", cfg.lookahead, 1, "must be an integer >= 1 (1: no lookahead batching)")
     if cfg.replica_batch is not None:
-        _check_int("replica_batch", cfg.replica_batch, 1, "must be null (all replicas together) or an integer >= 1")
+        _check_int("replica_batch", cfg.replica_batch, 1, "must be null (the backend's default grouping) or an integer >= 1")
         if cfg.shard_jobs or cfg.shard_replicas or cfg.shard_clients:
             _fail("replica_batch", cfg.replica_batch, "cannot be combined with shard_jobs, shard_replicas or "
                   "shard_clients (it groups the replicas of one device)")

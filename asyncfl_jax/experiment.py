@@ -169,9 +169,11 @@ def run_experiment(
     schedules: Sequence[Schedule],
     progress: bool = True,
     checkpoint_dir: str | None = None,
-    checkpoint_every: int = 1,
+    checkpoint_every: int | None = None,
     resume: bool = False,
     callbacks: Sequence[Any] = (),
+    checkpoint_interval: float | None = None,
+    final_checkpoint: bool = True,
 ) -> History:
     """Simulates one run (all its seeds and swept hyper-parameters as one vmapped program); the checkpoint arguments
     and ``callbacks`` are those of :func:`~asyncfl_jax.engine.simulate`."""
@@ -200,7 +202,9 @@ def run_experiment(
         lookahead=1 if run.protocol.name == "event_clock" else cfg.lookahead,  # the clock trains at arrival anyway
         replica_batch=cfg.replica_batch,
         checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every,
+        checkpoint_every=checkpoint_every if checkpoint_dir is not None else None,
+        checkpoint_interval=checkpoint_interval if checkpoint_dir is not None else None,
+        final_checkpoint=final_checkpoint,
         resume=resume,
         callbacks=callbacks,
         precision=cfg.precision,
@@ -555,10 +559,12 @@ def run_config(
     progress: bool = True,
     write: bool = True,
     plot: bool = True,
-    checkpoint_every: int | None = 1,
+    checkpoint_every: int | None = None,
     resume: bool = False,
     callbacks: Sequence[Any] = (),
     overwrite: bool = False,
+    checkpoint_interval: float | None = None,
+    checkpoints: bool = True,
 ) -> list[History]:
     """Validates, runs every run of the experiment and (optionally) writes the results to ``cfg.output`` (``None``: a
     new folder ``runs/<algorithms>-<YYYYmmdd-HHMMSS>``, :func:`new_output`).
@@ -569,8 +575,9 @@ def run_config(
     listed in ``manifest.json``. Once the data are loaded and the first run's schedules built (a failure before that
     leaves the folder as it was), the earlier results are deleted (``overwrite``), then ``config.json`` and
     ``environment.json`` are written (so that a killed run can be resumed); each run saves its schedules,
-    checkpoints every ``checkpoint_every`` evaluation chunks into ``<output>/checkpoints/<run>/`` (None: no
-    checkpoints) and, when it finishes, saves its History there (and deletes its checkpoint). ``resume=True``
+    checkpoints into ``<output>/checkpoints/<run>/`` (unless ``checkpoints=False``) every ``checkpoint_interval``
+    seconds (default 60) or every ``checkpoint_every`` evaluation chunks (at most one of the two) and, when it
+    finishes, saves its History there (and deletes its checkpoint). ``resume=True``
     continues an interrupted experiment: the saved Histories of finished runs are reused, the unfinished run continues
     from its checkpoint, and the results equal those of an uninterrupted run (timings aside). It refuses
     (``ConfigError``), before anything is recomputed or replaced, an output folder whose ``config.json`` holds another
@@ -586,11 +593,15 @@ def run_config(
         raise ConfigError(f"this run spans {processes} processes (jax.distributed): set shard_replicas or "
                           "shard_clients (--shard-replicas, --shard-clients) to split it between them")
     check_memory(cfg)  # what cannot fit is refused before any data or schedule is built
-    checkpointing = write and checkpoint_every is not None
+    checkpointing = write and checkpoints
     files = write and distributed.is_primary()  # checkpoints: every process (its shards); other files: process 0
-    if checkpointing and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
-                          or checkpoint_every < 1):
-        raise ConfigError(f"invalid option checkpoint_every = {checkpoint_every!r}: must be an integer >= 1")
+    try:
+        cadence = checkpoint.cadence(checkpoint_every, checkpoint_interval)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not checkpointing and (checkpoint_every, checkpoint_interval) != (None, None):
+        raise ConfigError("checkpoint_every and checkpoint_interval need checkpoints (write=True, checkpoints=True): "
+                          "they would be ignored")
     if not write:
         return _run_all(cfg, None, False, progress, plot, None, False, callbacks)
     if cfg.output is None:
@@ -601,14 +612,14 @@ def run_config(
             lambda: decide_output(cfg, overwrite=overwrite, resume=resume, check_lock=files),
             ("new", "continue", "overwrite"))
         distributed.sync("run_config:checked")  # every process looked at the output folder before anything is written
-        return _run_all(cfg, decision, files, progress, plot, checkpoint_every if checkpointing else None,
+        return _run_all(cfg, decision, files, progress, plot, cadence if checkpointing else None,
                         decision == "continue", callbacks)
 
 
 def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress: bool, plot: bool,
-             checkpoint_every: int | None, resume: bool, callbacks: Sequence[Any]) -> list[History]:
+             cadence: Any, resume: bool, callbacks: Sequence[Any]) -> list[History]:
     """The runs of ``cfg`` (resolved). With a ``decision`` (:func:`decide_output`) the runs are checkpointed when
-    ``checkpoint_every`` is given, and with ``files`` (process 0, the folder locked) the result files are written,
+    a ``cadence`` (:class:`~asyncfl_jax.checkpoint.Cadence`) is given, and with ``files`` (process 0, the folder locked) the result files are written,
     each listed in the manifest first; without a decision nothing is written."""
     config = cfg.to_dict()
     environment = {**environment_info(), **invocation_info()} if files else None
@@ -663,7 +674,7 @@ def _run_each(cfg: ExperimentConfig, decision: str | None, files: bool, progress
         if files and run.protocol.name != "event_clock":  # the exact schedules, to replay the run (schedule_files)
             save_schedules(cfg, run, schedules, manifest)
         folder = None
-        if write and checkpoint_every is not None:
+        if write and cadence is not None:
             if files:
                 (folder,) = manifest.add(f"checkpoints/{run.name}", kind="checkpoints")
                 outputs.remove_orphan_temporaries(folder, ("history.json", "history.npz"))
@@ -677,7 +688,10 @@ def _run_each(cfg: ExperimentConfig, decision: str | None, files: bool, progress
             if folder is not None and distributed.is_primary():
                 remove_history(folder)  # never reuse a History of an earlier configuration
             history = run_experiment(cfg, run, task, schedules, progress=progress, checkpoint_dir=folder,
-                                     checkpoint_every=checkpoint_every or 1, resume=resume, callbacks=callbacks)
+                                     checkpoint_every=None if cadence is None else cadence.every,
+                                     checkpoint_interval=None if cadence is None else cadence.interval,
+                                     final_checkpoint=False,  # the History saved below replaces it
+                                     resume=resume, callbacks=callbacks)
             if files and history.realized_schedules is not None:  # the events the clocked run went through
                 save_realized_schedules(cfg, run, history, manifest)
             if files:  # now, not with the results: a finished run's History is reloaded without its trajectory

@@ -167,7 +167,9 @@ class History:
       diverged_at: int [R] first server step whose model had a NaN/inf (-1: never).
       schedule_stats: staleness/participation summary of the schedule (one entry, or one per replica).
       num_steps: planned server steps; ``stopped_early`` is True when every replica diverged before the end.
-      compile_seconds: time to compile (including running the initial jobs); ``run_seconds``: time of the scan.
+      compile_seconds: time to compile (including running the initial jobs); ``run_seconds``: time of the scan,
+        the evaluations and the waits for checkpoint saves; ``checkpoint_seconds``: the part of ``run_seconds`` the
+        run waited for checkpoint saves (0 without checkpoints).
       final_params: float [R, d] final global models (kept in memory, not written to the CSV).
       memory: the memory budget printed before the run (bytes of server, client and in-flight state, data).
       message_bits: bits of one upload, ``{"payload": ..., "index": ...}`` (index: the positions a sparsifying
@@ -208,6 +210,7 @@ class History:
     stopped_early: bool = False
     compile_seconds: float = 0.0
     run_seconds: float = 0.0
+    checkpoint_seconds: float = 0.0
     memory: dict[str, Any] | None = None
     final_params: np.ndarray | None = None
     message_bits: dict[str, int] | None = None
@@ -373,6 +376,7 @@ class History:
             "schedule": self.schedule_stats,
             "compile_seconds": round(self.compile_seconds, 3),
             "run_seconds": round(self.run_seconds, 3),
+            "checkpoint_seconds": round(self.checkpoint_seconds, 3),
             "memory": self.memory,
             "message_bits": self.message_bits,
             "upload_bits": _floats(self.upload_bits[:, -1]) if self.message_bits else None,
@@ -547,6 +551,7 @@ def _history_from_files(entry: dict[str, Any], rows: list[dict[str, str]], path:
         diverged_at=np.asarray(entry["diverged_at"], dtype=np.int64), schedule_stats=entry["schedule"],
         num_steps=int(entry["num_steps"]), stopped_early=bool(entry["stopped_early"]),
         compile_seconds=float(entry["compile_seconds"]), run_seconds=float(entry["run_seconds"]),
+        checkpoint_seconds=float(entry.get("checkpoint_seconds", 0.0)),
         memory=entry.get("memory"), message_bits=entry.get("message_bits"), lookahead=entry.get("lookahead"),
         precision=entry.get("precision", "float32"),
         local_steps=(table("local_steps", np.float64)

@@ -42,9 +42,14 @@ What it measures (everything in the same run, so ratios are meaningful on a nois
   carry's shapes (see ``bench_scale.py``: the engine's init unrolls n / 256 groups of jobs and compiles for minutes).
 * ``replicas``: wall time per server step as the replica axis (client learning rates x seeds) grows 1 -> 64,
   FedBuff (the setting above; logistic regression and the MLP) and ACE (n=1000, logistic regression, from a zero
-  state): the replicas vmapped on one device and spread over the host devices (``shard_replicas``), printed as
+  state): the replicas with the default settings on one device (the engine's grouping for the backend: on a CPU,
+  groups called one after another by the host, ``engine/replica_groups.py``), all vmapped together
+  (``replica_batch=R``), and spread over the host devices (``shard_replicas``), printed as
   "total arrivals/s of R replicas / one replica" (= R replicas together / the R run one by one); for the MLP also
   the local-training GFLOP/s over the matmul rate measured right after each row.
+* ``checkpoints``: ``simulate`` with the default checkpoints (wall-clock interval, asynchronous) against none, on
+  the benchmark task (FedBuff MLP), ACE with its n x d cache and a 10,000-step logistic-regression run evaluated every
+  10 steps (``bench_checkpoints.py``); target: default <= 1.05x the wall time of no checkpoints.
 * ``compile``: the compile time of the default experiment (``asyncfl run`` with no options, ``ExperimentConfig()``)
   as ``History.compile_seconds`` reports it, and its wall time.
 * ``schedules``: wall time of ``make_schedule`` for 1M arrivals (all_active n=100k, T=1M; concurrent n=100k,
@@ -81,6 +86,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_scale.py, next to this file
+import bench_checkpoints  # noqa: E402
 import bench_scale  # noqa: E402
 import bench_yardstick  # noqa: E402
 from bench_scale import bench_baseline, bench_engine  # noqa: E402
@@ -122,7 +128,7 @@ CHECK_RTOL = bench_scale.CHECK_RTOL  # engine vs baseline: max |diff| <= CHECK_R
 # grows to ~1e-5 after 5 steps and ~1.5e-3 after 20-30 (measured); training different clients or keys would differ
 # by O(max |x|).
 
-PARTS = ("matmul", "fedbuff", "torch", "ace", "ca2fl", "scaling", "replicas", "compile", "schedules")
+PARTS = ("matmul", "fedbuff", "torch", "ace", "ca2fl", "scaling", "replicas", "checkpoints", "compile", "schedules")
 
 
 def log(msg: str) -> None:
@@ -522,6 +528,9 @@ def print_table(res: dict[str, Any]) -> None:
         print_scaling(res["scaling"])
     if res.get("replicas"):
         print_replicas(res["replicas"])
+    if res.get("checkpoints"):
+        bench_checkpoints.print_checkpoints(res["checkpoints"])
+        print(RULE)
     if res.get("compile"):
         c = res["compile"]
         runs = ", ".join(f"{r['label']} {r['compile_seconds']:.1f} s" for r in c["runs"])
@@ -612,6 +621,8 @@ def targets_of(res: dict[str, Any]) -> list[dict[str, Any]]:
             best = max(max(r.get("fraction_of_matmul", 0.0), r.get("sharded_fraction_of_matmul", 0.0)) for r in mlp)
             targets.append(_target(f"{name}: local-training GFLOP/s / matmul rate measured after it (best R)", best,
                                    bench_scale.TARGET_LOCAL_MATMUL_FRACTION))
+    for name, measured, target in bench_checkpoints.targets(res.get("checkpoints", {})):
+        targets.append(_target(name, measured, target, op="<="))
     if res.get("compile"):
         targets.append(_target("default experiment: compile seconds (all runs)", res["compile"]["compile_seconds_total"],
                                bench_scale.TARGET_COMPILE_SECONDS, op="<="))
@@ -637,6 +648,10 @@ def main(argv=None) -> int:
     p.add_argument("--real-init-max-n", type=int, default=None,
                    help="scaling part: run the engine's init (initial jobs, ACE's initialization round) up to this n "
                         "and start larger runs from a zero state (default 1000; running the init trains 2n jobs)")
+    p.add_argument("--replica-counts", default=None,
+                   help="replicas part: comma-separated replica counts (default: the mode's, e.g. 1,8,16 with --quick)")
+    p.add_argument("--replica-models", default=None,
+                   help="replicas part: comma-separated subset of fedbuff,fedbuff_mlp,ace (default: all three)")
     p.add_argument("--one-device", action="store_true",
                    help="keep JAX's single CPU device (default: one device per core, jobs of a step spread over them)")
     args = p.parse_args(argv)
@@ -656,6 +671,13 @@ def main(argv=None) -> int:
     scale_plan = bench_scale.PLANS[mode]
     if args.real_init_max_n is not None:
         scale_plan = {**scale_plan, "scaling": {**scale_plan["scaling"], "real_init_max_n": args.real_init_max_n}}
+    if args.replica_counts or args.replica_models:
+        replicas_plan = dict(scale_plan["replicas"])
+        if args.replica_counts:
+            replicas_plan["counts"] = tuple(int(c) for c in args.replica_counts.split(","))
+        if args.replica_models:
+            replicas_plan["algorithms"] = tuple(m.strip() for m in args.replica_models.split(","))
+        scale_plan = {**scale_plan, "replicas": replicas_plan}
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:
         if m not in plan:
@@ -684,7 +706,7 @@ def main(argv=None) -> int:
         seconds["matmul"] = time.perf_counter() - t0
 
     ds = data_note = None
-    if any(x in parts for x in ("fedbuff", "torch", "ace", "ca2fl", "scaling", "replicas")):
+    if any(x in parts for x in ("fedbuff", "torch", "ace", "ca2fl", "scaling", "replicas", "checkpoints")):
         ds, data_note = load_data()
     res["data"] = data_note or "synthetic LEAF (compile part only)"
 
@@ -737,6 +759,12 @@ def main(argv=None) -> int:
         res["replicas"] = bench_scale.run_replicas(ds, scale_plan["replicas"],
                                                    probe=make_matmul_probe() if mode != "smoke" else None)
         seconds["replicas"] = time.perf_counter() - t0
+
+    if "checkpoints" in parts:
+        log("5'. checkpoints: default (interval, asynchronous) vs none")
+        t0 = time.perf_counter()
+        res["checkpoints"] = bench_checkpoints.run_checkpoints(ds, mode)
+        seconds["checkpoints"] = time.perf_counter() - t0
 
     if "compile" in parts:
         log("6. compile time of the default experiment")

@@ -204,7 +204,8 @@ def window_summary(flush: np.ndarray, lookahead: int, width: int) -> dict[str, A
 
 
 def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, probe=None, *, lookahead: int = 1,
-                 shard: str | None = "jobs", zero_init: bool = False, full_eval: bool = True) -> dict[str, Any]:
+                 shard: str | None = "jobs", zero_init: bool = False, full_eval: bool = True,
+                 replica_batch: int | None = None) -> dict[str, Any]:
     """Times the engine's compiled chunk over ``schedule`` (its length is a multiple of ``chunk_len``).
 
     Compilation, the initial jobs and the first chunk (warm-up) are excluded; the evaluation sets are shrunk to 2
@@ -212,7 +213,8 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, 
     chunk. ``lookahead = L > 1``: lookahead batching with the plan of this schedule. ``shard``: "jobs" (the jobs of a
     step over the devices), "replicas" (the replica axis over the devices, as ``simulate(shard_replicas=True)``) or
     None. ``zero_init``: start from a zero state of the carry's shapes (see the module docstring) instead of running
-    ``init``. ``full_eval``: also time one full evaluation (10k test + 5k train examples).
+    ``init``. ``full_eval``: also time one full evaluation (10k test + 5k train examples). ``replica_batch``: as
+    ``simulate``'s (None: the engine's default grouping for the backend).
     """
     T = schedule.num_steps
     num_chunks = T // chunk_len
@@ -231,7 +233,7 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, 
         plan_seconds = time.perf_counter() - t0
     placement = make_placement(shard_jobs=shard == "jobs", shard_replicas=shard == "replicas")
     run = prepare_run(timed_task, algorithm, schedule, local, eval_every=chunk_len, placement=placement,
-                      lookahead=lookahead, replicas=hp_replicas)
+                      lookahead=lookahead, replicas=hp_replicas, replica_batch=replica_batch)
     budget = run.budget()
     timer = ChunkTimer(algorithm, probe)
     loop = HostLoop(run, [timer])  # the engine's own host loop, as simulate drives it
@@ -277,6 +279,7 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, 
         computed_jobs = len(steps) * schedule.dispatch_width  # the vmap also trains padded (-1) entries
 
     res = {
+        "replica_batch": run.replica_batch,
         "server_steps_total": T,
         "chunk_len": chunk_len,
         "replicas": R,
@@ -778,14 +781,16 @@ def run_replicas(ds: Dataset, plan: dict[str, Any], probe=None) -> dict[str, Any
         for count in plan["counts"]:
             replicas = replica_list(algorithm, count, fixed)
             row = {"replicas": count}
-            shards = [None] + (["replicas"] if ndev > 1 and count > 1 and count % ndev == 0 else [])
-            for shard in shards:
+            # the default (the engine's grouping for the backend), the plain vmap of every replica, the replicas
+            # spread over the devices
+            variants = [(None, None, "")] + ([(None, count, "vmap_")] if count > 1 else []) + (
+                [("replicas", None, "sharded_")] if ndev > 1 and count > 1 and count % ndev == 0 else [])
+            for shard, replica_batch, key in variants:
                 gc.collect()
                 reset_peak_rss()
                 eng = bench_engine(task, algorithm, local, schedule, chunk_len, replicas, shard=shard,
-                                   full_eval=False, zero_init=zero_init)
+                                   full_eval=False, zero_init=zero_init, replica_batch=replica_batch)
                 eng.pop("_params_after_first_chunk", None)
-                key = "" if shard is None else "sharded_"
                 best = min(eng["chunk_seconds"])
                 row.update({f"{key}seconds_per_step": best / chunk_len,  # the best timed chunk
                             f"{key}mean_seconds_per_step": eng["seconds_per_step"],
@@ -798,6 +803,8 @@ def run_replicas(ds: Dataset, plan: dict[str, Any], probe=None) -> dict[str, Any
                     if probe is not None:
                         row[f"{key}matmul_gflops"] = probe()
                         row[f"{key}fraction_of_matmul"] = row[f"{key}local_gflops"] / row[f"{key}matmul_gflops"]
+                if key == "":
+                    row["default_replica_batch"] = eng["replica_batch"]
                 if shard is None:
                     row.update({"shard": None, "timed_steps": eng["timed_steps"], "state_bytes": sum(
                         eng["memory_budget"][k] for k in ("server_bytes", "clients_bytes", "pending_bytes"))})
@@ -808,13 +815,17 @@ def run_replicas(ds: Dataset, plan: dict[str, Any], probe=None) -> dict[str, Any
             row["throughput_vs_one"] = count * one / row["seconds_per_step"]
             if "sharded_seconds_per_step" in row:
                 row["sharded_throughput_vs_one"] = count * one / row["sharded_seconds_per_step"]
+            if "vmap_seconds_per_step" in row:
+                row["vmap_throughput_vs_one"] = count * one / row["vmap_seconds_per_step"]
             row["best_throughput_vs_one"] = max(row["throughput_vs_one"], row.get("sharded_throughput_vs_one", 0.0))
             row["best_placement"] = "one device" if row["best_throughput_vs_one"] == row["throughput_vs_one"] \
                 else f"shard_replicas over {ndev} devices"
+            vmap = (f" (replica_batch {row['default_replica_batch']}); all vmapped together "
+                    f"{row['vmap_throughput_vs_one']:5.2f}x" if "vmap_throughput_vs_one" in row else "")
             sharded = (f"; over {ndev} devices {row['sharded_seconds_per_step'] * 1e3:8.2f} ms/step = "
                        f"{row['sharded_throughput_vs_one']:5.2f}x" if "sharded_throughput_vs_one" in row else "")
             log(f"  [{name} R={count:>2}] one device {row['seconds_per_step'] * 1e3:8.2f} ms/step: total arrivals/s "
-                f"= {row['throughput_vs_one']:5.2f}x one replica{sharded}")
+                f"= {row['throughput_vs_one']:5.2f}x one replica{vmap}{sharded}")
         out[name] = {"num_clients": n, "rows": rows, "steps": {"chunk": chunk_len, "chunks": chunks},
                      "devices": ndev, "local_flops_per_job": flops_job}
     return out

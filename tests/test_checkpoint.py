@@ -33,6 +33,7 @@ LOCAL = LocalConfig(steps=3, batch_size=8)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ca2fl with an int8 cache: a server state with an n x d cache of int8 codes and the server's own randomness
 # (stochastic rounding), two replicas of a sweep; 40 steps in chunks of 7 (the last chunk has 5 steps).
+TIMINGS = ("compile_seconds", "run_seconds", "checkpoint_seconds")
 RUN = dict(seeds=[0, 1], hparams={"client_lr": [0.05, 0.1]}, eval_every=7, progress=False)
 
 
@@ -68,7 +69,7 @@ def assert_same_history(a, b):
     np.testing.assert_array_equal(a.times, b.times)
     np.testing.assert_array_equal(a.uploads, b.uploads)
     assert a.stopped_early == b.stopped_early
-    untimed = [{k: v for k, v in h.summary().items() if k not in ("compile_seconds", "run_seconds")} for h in (a, b)]
+    untimed = [{k: v for k, v in h.summary().items() if k not in TIMINGS} for h in (a, b)]
     assert json.dumps(untimed[0], sort_keys=True) == json.dumps(untimed[1], sort_keys=True)
 
 
@@ -585,7 +586,6 @@ def test_environment_info_has_the_versions_backend_and_devices():
 SMALL = ["--set", "data.num_clients=10", "--set", "runs.protocol.concurrency=5", "--set", "runs.protocol.buffer_size=1",
          "--set", "runs.arrivals=200", "--set", "local.steps=2", "--model", "logreg", "--set", "eval_points=50",
          "--no-progress", "--no-plot"]  # two runs (fedbuff, fedasync) of 200 steps, 50 chunks of 4 steps each
-TIMINGS = ("compile_seconds", "run_seconds")
 
 
 # `asyncfl run` whose progress bar sleeps 20 ms after each chunk, so that a signal reliably lands in the middle of a
@@ -675,7 +675,7 @@ def assert_same_results(out, reference):
 
 def test_cli_killed_with_sigkill_resumes_to_the_same_results(uninterrupted, tmp_path):
     out = tmp_path / "killed"
-    proc = _cli("--out", str(out), *SMALL, slow=True)  # checkpoints every chunk by default
+    proc = _cli("--out", str(out), *SMALL, "--checkpoint-every", "1", slow=True)  # a checkpoint after every chunk
     _wait_for_checkpoint(proc, str(out / "checkpoints" / "fedasync"), min_chunk=2)  # mid second run
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)

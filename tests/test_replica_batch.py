@@ -18,7 +18,8 @@ from asyncfl_jax.algorithms import fedbuff
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine import simulate
 from asyncfl_jax.engine.callbacks import Checkpoints
-from asyncfl_jax.engine.loop import map_replicas, prepare_run
+from asyncfl_jax.engine.loop import prepare_run
+from asyncfl_jax.engine.replica_groups import GroupedChunk
 from asyncfl_jax.engine.placement import make_placement
 from asyncfl_jax.timing import make_schedule
 
@@ -61,18 +62,20 @@ def test_groupings_agree_in_float32():
             np.testing.assert_allclose(grouped.metrics[m], plain.metrics[m], rtol=1e-5, atol=1e-6)
 
 
-def test_map_replicas_with_shared_and_nested_arguments():
+def test_grouped_chunks_with_shared_and_nested_arguments():
+    import jax
     import jax.numpy as jnp
 
     def fn(a, tree, shared):
         return {"sum": a + tree["x"] * shared, "y": tree["y"][0]}
 
-    a = jnp.arange(5.0)
-    tree = {"x": jnp.arange(5.0) * 10, "y": (jnp.ones((5, 2)), jnp.zeros(3))}
+    def args():  # fresh arrays each time: the first argument (the carry) is donated
+        return jnp.arange(5.0), {"x": jnp.arange(5.0) * 10, "y": (jnp.ones((5, 2)), jnp.zeros(3))}, jnp.float32(2.0)
+
     axes = (0, {"x": 0, "y": (0, None)}, None)
-    expected = map_replicas(fn, axes, None)(a, tree, 2.0)
+    expected = jax.vmap(fn, in_axes=axes)(*args())
     for g in (1, 2, 4, 5):
-        got = map_replicas(fn, axes, g)(a, tree, 2.0)
+        got = GroupedChunk(fn, axes, g, 5).lower(*args()).compile()(*args())
         np.testing.assert_array_equal(got["sum"], expected["sum"])
         np.testing.assert_array_equal(got["y"], expected["y"])
 
@@ -106,3 +109,48 @@ def test_cli_refuses_bad_replica_batch(tmp_path, capsys, argv, message):
     code = cli.main(["run", "--out", str(tmp_path / "out"), "--steps", "4", *argv])
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------- automatic grouping
+def test_the_automatic_grouping_follows_the_backend_and_the_work_of_a_step():
+    from asyncfl_jax.engine.replica_groups import CPU_GROUP_FLOPS, auto_replica_batch, group_bounds
+
+    assert auto_replica_batch(8, "gpu", 1e12) is None and auto_replica_batch(8, "tpu", 1e12) is None
+    assert auto_replica_batch(1, "cpu", 1e12) is None
+    assert auto_replica_batch(8, "cpu", 1e12) == 1  # a heavy step: one replica at a time
+    assert auto_replica_batch(8, "cpu", CPU_GROUP_FLOPS / 3) == 3
+    assert auto_replica_batch(8, "cpu", CPU_GROUP_FLOPS / 100) is None  # a light step: all together
+    assert group_bounds(7, 3) == [(0, 3), (3, 6), (6, 7)]
+
+
+def test_the_default_grouping_on_a_cpu_equals_the_reference_and_the_vmap(monkeypatch):
+    from asyncfl_jax.engine import replica_groups
+
+    monkeypatch.setattr(replica_groups, "CPU_GROUP_FLOPS", 1.0)  # this toy's step counts as heavy: groups of one
+    assert prepare_run(TASK, fedbuff(), SCHEDULE, LOCAL, seeds=SEEDS, hparams=HP).replica_batch == 1
+    assert prepare_run(TASK, fedbuff(), SCHEDULE, LOCAL, seeds=SEEDS, hparams=HP, replica_batch=4).replica_batch is None
+    history = _run(trajectory=True, precision="float64")
+    expected = {lr: _reference(lr) for lr in HP["server_lr"]}
+    for r, hp in enumerate(history.hparams):
+        np.testing.assert_allclose(history.trajectory[r], expected[hp["server_lr"]], rtol=0, atol=1e-12)
+    grouped, plain = _run(), _run(replica_batch=4)
+    np.testing.assert_allclose(grouped.final_params, plain.final_params, rtol=1e-5, atol=1e-6)
+
+
+def test_a_grouped_run_resumes_bit_for_bit(tmp_path):
+    class FailAt:
+        def __init__(self, k):
+            self.calls, self.k = 0, k
+
+        def on_chunk(self, loop, update):
+            self.calls += 1
+            if self.calls == self.k:
+                raise RuntimeError("stop here")
+
+    reference = _run(replica_batch=3)
+    with pytest.raises(RuntimeError, match="stop here"):
+        _run(replica_batch=3, checkpoint_dir=str(tmp_path), checkpoint_every=1, callbacks=[FailAt(2)])
+    resumed = _run(replica_batch=3, checkpoint_dir=str(tmp_path), resume=True)
+    assert resumed.final_params.tobytes() == reference.final_params.tobytes()
+    for m in reference.metrics:
+        assert resumed.metrics[m].tobytes() == reference.metrics[m].tobytes(), m

@@ -37,7 +37,7 @@ def check_simulate(task: Any, algorithm: Any, schedules: Any, local: Any, seeds:
         check_instance("local", local, LocalConfig, "a LocalConfig or None")
     check_seeds(seeds)
     check_hparams(hparams)
-    check_int("eval_every", eval_every, minimum=1)
+    check_int("eval_every", eval_every, minimum=1, optional=True)  # None: the usual 30 evaluations per run
     check_bool("progress", progress)
     check_str("label", label, optional=True)
     for name, flag in (("shard_jobs", shard_jobs), ("shard_replicas", shard_replicas),
@@ -45,7 +45,7 @@ def check_simulate(task: Any, algorithm: Any, schedules: Any, local: Any, seeds:
         check_bool(name, flag)
     check_int("lookahead", lookahead, minimum=1)
     check_path("checkpoint_dir", checkpoint_dir)
-    check_int("checkpoint_every", checkpoint_every, minimum=1)
+    check_int("checkpoint_every", checkpoint_every, minimum=1, optional=True)  # None: by wall-clock interval
     check_callbacks(callbacks)
     check_str("precision", precision)
     if not (trajectory is None or isinstance(trajectory, (bool, np.bool_)) or callable(trajectory)):

@@ -113,9 +113,11 @@ class ProgressBar:
         return min(total, (done // tenth + 1) * tenth)
 
     def on_chunk(self, loop: Any, update: Any) -> None:
-        del loop
         self.bar.update(update.steps_done)
         text = point_progress(update.replicas, update.metrics, update.diverged_at)
+        saving = loop.state.checkpoint_seconds
+        if saving > 0:  # the wall time spent waiting for checkpoint saves so far (part of the run time)
+            text = f"{text} saving={saving:.1f}s".strip()
         if self.terminal:
             if text:
                 self.bar.set_postfix_str(text)
@@ -156,7 +158,19 @@ class StopWhenAllDiverged:
 
 
 class Checkpoints:
-    """Saves the loop state every ``every`` chunks, after the last one, and when a signal stops the run.
+    """Saves the loop state by wall-clock interval (default) or every ``every`` chunks, after the last chunk, and
+    when a signal stops the run.
+
+    ``every`` (chunks) and ``interval`` (seconds) are exclusive (:func:`asyncfl_jax.checkpoint.cadence`); with
+    neither, a checkpoint is saved once :data:`~asyncfl_jax.checkpoint.DEFAULT_INTERVAL` seconds (``clock()``, by
+    default ``time.monotonic``) have passed since the last one, checked after each chunk. A save during the run is
+    asynchronous (``asynchronous=True``): the state's arrays are handed to orbax and the next chunk runs while a
+    background thread writes the folder and then the record (:func:`asyncfl_jax.checkpoint.start_save`); the next
+    save, the end of the run and a signal wait for it first, so the record only ever names a finished state. The
+    saves after the last chunk and on a signal are waited for. The seconds the loop waits for saves are counted in
+    the run time and reported as ``LoopState.checkpoint_seconds`` (``History.checkpoint_seconds``). ``at_end=False``
+    leaves out the save after the last chunk (for a caller that saves the finished run's History itself, as
+    ``asyncfl run`` does; a save under way is still finished).
 
     While the chunks run, the first Ctrl-C (SIGINT) or a SIGTERM lets the current chunk finish, saves, and raises
     :class:`~asyncfl_jax.checkpoint.SimulationInterrupted`; a second Ctrl-C stops at once (the last consistent state
@@ -164,8 +178,11 @@ class Checkpoints:
     checkpoint of this same run (the identity is checked first; see :func:`asyncfl_jax.checkpoint.run_identity`).
     """
 
-    def __init__(self, directory: str, run: Any, every: int = 1) -> None:
-        self.directory, self.every, self.run = directory, every, run
+    def __init__(self, directory: str, run: Any, every: int | None = None, interval: float | None = None, *,
+                 clock: Any = time.monotonic, asynchronous: bool = True, at_end: bool = True) -> None:
+        self.directory, self.run, self.at_end = directory, run, at_end
+        self.cadence = checkpoint.cadence(every, interval)
+        self.clock, self.asynchronous = clock, asynchronous
         placed, timeline = run.placed, run.timeline
         self.identity = checkpoint.run_identity(
             label=run.label, algorithm=run.algorithm, local=run.local, replicas=run.replicas,
@@ -175,6 +192,9 @@ class Checkpoints:
             shard_clients=run.placement.name == "shard_clients", trajectory=run.trajectory,
             replica_batch=run.replica_batch)
         self.saved_chunk: int | None = None  # next_chunk of the checkpoint on disk, if it is this run's state
+        self.pending: checkpoint.PendingSave | None = None  # a save being written in the background
+        self.pending_chunk: int | None = None
+        self.last_save = 0.0  # clock() when the last save started (or the loop started)
         self._signals = contextlib.ExitStack()
         self.stop: Any = None
 
@@ -186,27 +206,54 @@ class Checkpoints:
             self.saved_chunk = state.next_chunk
         return state
 
-    def save(self, loop: Any) -> None:
-        loop.update_times()
-        checkpoint.save(self.directory, self.identity, loop.state, self.run.num_chunks)
-        self.saved_chunk = loop.state.next_chunk
+    def save(self, loop: Any, wait: bool = True) -> None:
+        """Saves the loop's state (after the previous save has become current); ``wait``: until this one is the
+        current checkpoint too. The seconds spent here count in the run time (``loop.count_in_run_time``)."""
+        t0 = time.perf_counter()
+        try:
+            self.finish_pending()
+            loop.update_times()
+            self.pending = checkpoint.start_save(self.directory, self.identity, loop.state, self.run.num_chunks,
+                                                 asynchronous=self.asynchronous)
+            self.pending_chunk = loop.state.next_chunk
+            self.last_save = self.clock()
+            if wait:
+                self.finish_pending()
+        finally:
+            seconds = time.perf_counter() - t0
+            loop.state.checkpoint_seconds += seconds
+            loop.count_in_run_time(seconds)
+
+    def finish_pending(self) -> None:
+        """Waits for the save being written, if any (raising its error): its state becomes the saved one."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.wait()
+            self.saved_chunk = self.pending_chunk
 
     def on_start(self, loop: Any) -> None:
         del loop
+        self.last_save = self.clock()
         self.stop = self._signals.enter_context(checkpoint.stop_on_signals(enabled=True))
 
     def on_chunk(self, loop: Any, update: Any) -> None:
         del update
-        if self.stop.reason or loop.finished or loop.state.next_chunk % self.every == 0:
-            self.save(loop)
+        if self.pending is not None and self.pending.done():
+            self.finish_pending()  # a failed write is reported at the next chunk
+        if self.stop.reason or (loop.finished and self.at_end):
+            self.save(loop, wait=True)
+        elif self.cadence.due(loop.state.next_chunk, self.clock() - self.last_save):
+            self.save(loop, wait=False)
         if self.stop.reason:  # read again after the save: a signal that came during it is acted on now
             if self.saved_chunk != loop.state.next_chunk:
-                self.save(loop)
+                self.save(loop, wait=True)
             self._interrupted(loop, self.stop.reason, saved=True)
 
     def on_interrupt(self, loop: Any, error: KeyboardInterrupt) -> None:
         if isinstance(error, checkpoint.SimulationInterrupted):
             return
+        with contextlib.suppress(checkpoint.CheckpointError):  # a failed background write: the older state stays
+            self.finish_pending()
         saved = self.saved_chunk == loop.state.next_chunk
         if not saved and _alive(loop.state.carry):
             self.save(loop)
@@ -219,7 +266,14 @@ class Checkpoints:
 
     def on_end(self, loop: Any, completed: bool) -> None:
         self._signals.close()
-        if completed and self.saved_chunk != loop.state.next_chunk:  # e.g. resumed from a finished checkpoint
+        if not completed:  # an error ends the run: a save under way still becomes current, its error is logged
+            try:
+                self.finish_pending()
+            except checkpoint.CheckpointError as e:
+                logger.warning("%s: %s", self.run.label, e)
+            return
+        self.finish_pending()
+        if self.at_end and self.saved_chunk != loop.state.next_chunk:  # e.g. resumed from a finished checkpoint
             self.save(loop)
 
 

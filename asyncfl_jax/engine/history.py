@@ -64,6 +64,7 @@ def _make_history(run: Any, state: checkpoint.LoopState) -> History:
         stopped_early=state.stopped_early,
         compile_seconds=state.compile_seconds,
         run_seconds=state.run_seconds,
+        checkpoint_seconds=state.checkpoint_seconds,
         final_params=final_params,
         memory=run.budget().as_dict(),
         realized_schedules=realized if timeline.records_schedules else None,

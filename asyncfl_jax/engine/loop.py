@@ -28,6 +28,7 @@ from asyncfl_jax.engine.budget import MemoryBudget, check_compiled, memory_budge
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, stack_hparams
 from asyncfl_jax.engine.placement import Placed, ShardJobs, SingleDevice, check_processes
+from asyncfl_jax.engine.replica_groups import GroupedChunk, auto_replica_batch, local_flops_per_step
 from asyncfl_jax.engine.step import Program
 from asyncfl_jax.engine.timelines import make_timeline
 from asyncfl_jax.option_rules import check_unread_hparams
@@ -158,7 +159,7 @@ class Run:
     metrics: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # name -> shape (metric_shapes)
     precision: str = "float32"  # the run's float precision (asyncfl_jax.precision)
     trajectory: Any = None  # the shapes of one trajectory record (trajectory_shape), None when off
-    replica_batch: int | None = None  # replicas computed together in a chunk (map_replicas); None: all of them
+    replica_batch: int | None = None  # replicas computed together in a chunk (GroupedChunk); None: all of them
     init: Any = dataclasses.field(default=None, repr=False)  # the jitted vmapped init prepare_run traced (or None)
 
     @property
@@ -199,8 +200,23 @@ def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCo
     with precision_scope(precision):
         run = _prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
                            replicas, precision, record)
+    if replica_batch is None:  # the grouping that suits the backend (replica_groups.py)
+        return dataclasses.replace(run, replica_batch=default_replica_batch(run))
     return dataclasses.replace(run, replica_batch=check_replica_batch(replica_batch, len(run.replicas),
                                                                       run.placement))
+
+
+def default_replica_batch(run: Run) -> int | None:
+    """The replica grouping of a run that does not set ``replica_batch``: all replicas together (None) when placed
+    over several devices or on an accelerator; on a CPU, groups sized from the local training of a server step
+    (:func:`~asyncfl_jax.engine.replica_groups.auto_replica_batch`)."""
+    if run.placement.name:  # shard_*: the placement lays the replicas out
+        return None
+    schedules = getattr(run.timeline, "schedules", None)
+    jobs = float(np.mean(schedules[0].uploads_per_step)) if schedules else 1.0  # the event clock: one per step
+    local = run.local
+    work = local_flops_per_step(run.task.num_params, jobs, local.steps, local.batch_size or 32)
+    return auto_replica_batch(len(run.replicas), jax.default_backend(), work)
 
 
 def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
@@ -308,34 +324,13 @@ def check_replica_batch(replica_batch: int | None, num_replicas: int, placement:
     return None if replica_batch >= num_replicas else int(replica_batch)
 
 
-def map_replicas(fn: Callable[..., Any], in_axes: tuple[Any, ...], replica_batch: int | None) -> Callable[..., Any]:
-    """``fn`` over the replica axis: ``jax.vmap(fn, in_axes)``, or ``replica_batch`` replicas at a time.
-
-    With ``replica_batch = g`` the replicas are computed in groups of ``g`` (``lax.map(..., batch_size=g)``: a loop
-    over groups, each group vmapped), one group after the other. The result has the same layout as the vmap's
-    (replicas on the leading axis of every output). On a CPU, one replica's small local-training matmuls already use
-    the cores; a vmap over many replicas makes larger batched operations whose working set leaves the cache, so
-    groups can run faster per replica (docs/benchmarks.md). Each replica's arithmetic is the same; only the batch
-    its operations are vectorised with changes, which can change float rounding (as lookahead does).
-
-    ``in_axes``: per argument 0 (mapped over replicas) or None (shared), or a pytree prefix of such entries.
-    """
+def chunk_function(fn: Callable[..., Any], in_axes: tuple[Any, ...], replica_batch: int | None, num_replicas: int,
+                   jit_kwargs: Mapping[str, Any]) -> Any:
+    """The jitted chunk over the replica axis (the carry donated): the plain vmap, or with ``replica_batch = g``
+    the vmapped chunk of ``g`` replicas called by the host on each group (:class:`GroupedChunk`)."""
     if replica_batch is None:
-        return jax.vmap(fn, in_axes=in_axes)
-    is_axis = lambda a: a is None or isinstance(a, int)  # noqa: E731
-
-    def grouped(*args: Any) -> Any:
-        mapped = [jax.tree_util.tree_map(lambda ax, a: a if ax == 0 else None, axes, arg, is_leaf=is_axis)
-                  for axes, arg in zip(in_axes, args)]
-
-        def one_replica(parts: list[Any]) -> Any:
-            full = [jax.tree_util.tree_map(lambda ax, m, a: m if ax == 0 else a, axes, part, arg, is_leaf=is_axis)
-                    for axes, part, arg in zip(in_axes, parts, args)]
-            return fn(*full)
-
-        return jax.lax.map(one_replica, mapped, batch_size=replica_batch)
-
-    return grouped
+        return jax.jit(jax.vmap(fn, in_axes=in_axes), donate_argnums=(0,), **jit_kwargs)
+    return GroupedChunk(fn, in_axes, replica_batch, num_replicas)
 
 
 class HostLoop:
@@ -357,8 +352,8 @@ class HostLoop:
             self.init_fn = jax.jit(jax.vmap(program.init, in_axes=(timeline.input_axes, 0, 0, None)),
                                    **placed.init_jit)
         chunk_axes = (0, timeline.chunk_axes, 0, 0, None)
-        self.chunk_fns = {frozen: jax.jit(map_replicas(fn, chunk_axes, run.replica_batch), donate_argnums=(0,),
-                                          **placed.chunk_jit)
+        self.chunk_fns = {frozen: chunk_function(fn, chunk_axes, run.replica_batch, len(run.replicas),
+                                                 placed.chunk_jit)
                           for frozen, fn in ((False, program.advance), (True, program.frozen_advance))}
         self.eval_fn = functools.partial(evaluate_replicas, run.algorithm.params, program.evaluate)
         self.record_fn = jax.jit(jax.vmap(program.trajectory_record))  # x_0's record (the trajectory's first)
@@ -415,6 +410,11 @@ class HostLoop:
         self.state.compile_seconds = self._compile_before + self.loop_compile_seconds
         self.state.run_seconds = (self._run_before + now - self._start_wall - self.loop_compile_seconds
                                   - self.excluded_seconds)
+
+    def count_in_run_time(self, seconds: float) -> None:
+        """Counts ``seconds`` that a callback spent (which the loop leaves out of ``run_seconds``) in the run time
+        after all: the time the loop waited for a checkpoint save belongs to the run."""
+        self.excluded_seconds -= seconds
 
     def history(self) -> Any:
         """The :class:`~asyncfl_jax.results.History` of the evaluations so far."""

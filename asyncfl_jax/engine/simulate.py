@@ -6,11 +6,12 @@ import logging
 from typing import Any, Callable, Mapping, Sequence
 
 from asyncfl_jax.algorithms.base import Algorithm
+from asyncfl_jax.checkpoint import cadence
 from asyncfl_jax.engine.arguments import check_simulate
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine.callbacks import Checkpoints, DivergenceWarnings, ProgressBar, StopWhenAllDiverged
 from asyncfl_jax.engine.history import make_history
-from asyncfl_jax.engine.loop import HostLoop, check_count, prepare_run
+from asyncfl_jax.engine.loop import HostLoop, prepare_run
 from asyncfl_jax.engine.placement import make_placement
 from asyncfl_jax.precision import check_precision, precision_scope
 from asyncfl_jax.results import History
@@ -23,7 +24,8 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
              seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None,
              eval_every: int | None = None, progress: bool = True, label: str | None = None, shard_jobs: bool = False, shard_replicas: bool = False,
              shard_clients: bool = False, lookahead: int = 1, checkpoint_dir: str | None = None,
-             checkpoint_every: int = 1, resume: bool = False, callbacks: Sequence[Any] = (),
+             checkpoint_every: int | None = None, checkpoint_interval: float | None = None,
+             resume: bool = False, callbacks: Sequence[Any] = (), final_checkpoint: bool = True,
              precision: str = "float32", trajectory: bool | Callable[[Any], Any] | None = None,
              replica_batch: int | None = None) -> History:
     """Runs an experiment (all replicas as one vmapped program) and returns its :class:`History`.
@@ -53,10 +55,17 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         before (see :func:`lookahead_plan`); ``History.lookahead`` reports the windows. The same results as
         ``L = 1`` up to float rounding (a batched matmul may sum in another order).
       checkpoint_dir: a folder for checkpoints (:class:`~asyncfl_jax.engine.callbacks.Checkpoints`): saved every
-        ``checkpoint_every`` chunks, after the last chunk, and when Ctrl-C or SIGTERM stops the run (which then raises
+        ``checkpoint_interval`` seconds of wall time (default 60, checked after each chunk) or every
+        ``checkpoint_every`` chunks, written in the background while the next chunks run; also after the last chunk
+        and when Ctrl-C or SIGTERM stops the run (which then raises
         :class:`~asyncfl_jax.checkpoint.SimulationInterrupted`). None: no checkpoints, and the signals keep their
-        usual effect.
-      checkpoint_every: chunks between two checkpoints (>= 1).
+        usual effect. ``History.checkpoint_seconds`` is the time the run waited for saves (in ``run_seconds``).
+      checkpoint_every: save every this many chunks (>= 1) instead of by interval.
+      checkpoint_interval: seconds of wall time between two saves (> 0; default
+        :data:`~asyncfl_jax.checkpoint.DEFAULT_INTERVAL`, 60). At most one of the two; neither is accepted without
+        a ``checkpoint_dir``.
+      final_checkpoint: also save after the last chunk (default). ``asyncfl run`` turns it off: it saves the finished
+        run's History in the checkpoint folder instead (a save under way still finishes).
       resume: continue from the checkpoint in ``checkpoint_dir`` when there is one of this same run (else
         :class:`~asyncfl_jax.checkpoint.CheckpointMismatchError` says what differs); the History then equals that
         of an uninterrupted run bit for bit (not the timings). With ``resume=False`` a checkpoint is replaced.
@@ -78,27 +87,36 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         ``eval_every``, ``lookahead`` and with checkpoints (the trajectory so far is saved with the state, so a
         resumed run's trajectory equals the uninterrupted one's). A diverged replica's trajectory repeats the
         model it keeps once it is frozen.
-      replica_batch: compute the replicas ``g`` at a time in each chunk (a loop over groups of ``g`` vmapped
-        replicas, :func:`~asyncfl_jax.engine.loop.map_replicas`) instead of all together; None (default): all
-        together. On a CPU, large vmapped sweeps of a model like the MLP can run faster per replica in small groups
-        (their working set stays in the cache; see docs/benchmarks.md). The same results up to float rounding; one
-        device only (not with ``shard_*``).
+      replica_batch: compute the replicas ``g`` at a time in each chunk (the vmapped chunk of ``g`` replicas,
+        called by the host on each group: :mod:`~asyncfl_jax.engine.replica_groups`); ``g`` >= the number of
+        replicas: all together. None (default): all together on an accelerator, and on a CPU groups sized from the
+        local training of a step (one MLP replica at a time, logistic regression in groups of a few, light steps all
+        together), where a vmap over many replicas is slower than the replicas one after another (see
+        docs/benchmarks.md). The same results up to float rounding; one device only (not with ``shard_*``).
     """
     check_simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label, shard_jobs,
                    shard_replicas, shard_clients, lookahead, checkpoint_dir, checkpoint_every, resume, callbacks,
                    precision, trajectory, replica_batch)  # types first: a clear error naming the argument
-    check_count("checkpoint_every", checkpoint_every)
+    cadence(checkpoint_every, checkpoint_interval)  # invalid values or both: a ValueError before anything runs
+    if not isinstance(final_checkpoint, bool):
+        raise TypeError(f"final_checkpoint must be True or False, got {type(final_checkpoint).__name__} "
+                        f"{final_checkpoint!r}")
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs a checkpoint_dir to resume from")
+    given = [f"{name} = {value!r}" for name, value in (("checkpoint_every", checkpoint_every),
+                                                       ("checkpoint_interval", checkpoint_interval)) if value is not None]
+    if given and checkpoint_dir is None:
+        raise ValueError(f"{given[0]} needs a checkpoint_dir (without one no checkpoint is saved)")
     with precision_scope(check_precision(precision)):  # a restored float64 checkpoint needs x64 too
         return _simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label,
                          make_placement(shard_jobs, shard_replicas, shard_clients), lookahead, checkpoint_dir,
-                         checkpoint_every, resume, callbacks, precision, trajectory, replica_batch)
+                         (checkpoint_every, checkpoint_interval, final_checkpoint), resume, callbacks, precision,
+                         trajectory, replica_batch)
 
 
 def _simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
               hparams: Mapping[str, Any] | None, eval_every: int | None, progress: bool, label: str | None, placement: Any,
-              lookahead: int, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
+              lookahead: int, checkpoint_dir: str | None, checkpoint_options: tuple[Any, Any, bool], resume: bool,
               callbacks: Sequence[Any], precision: str, trajectory: Any, replica_batch: int | None) -> History:
     run = prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
                       precision=precision, trajectory=trajectory, replica_batch=replica_batch)
@@ -108,7 +126,8 @@ def _simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConf
     chain = [ProgressBar(progress), DivergenceWarnings(), StopWhenAllDiverged(), *callbacks]
     state = None
     if checkpoint_dir is not None:
-        saver = Checkpoints(checkpoint_dir, run, checkpoint_every)
+        every, interval, at_end = checkpoint_options
+        saver = Checkpoints(checkpoint_dir, run, every, interval, at_end=at_end)
         chain.append(saver)
         state = saver.restore() if resume else None
         if state is not None:
