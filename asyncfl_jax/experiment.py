@@ -619,8 +619,8 @@ def run_config(
 def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress: bool, plot: bool,
              cadence: Any, resume: bool, callbacks: Sequence[Any]) -> list[History]:
     """The runs of ``cfg`` (resolved). With a ``decision`` (:func:`decide_output`) the runs are checkpointed when
-    a ``cadence`` (:class:`~asyncfl_jax.checkpoint.Cadence`) is given, and with ``files`` (process 0, the folder locked) the result files are written,
-    each listed in the manifest first; without a decision nothing is written."""
+    a ``cadence`` (:class:`~asyncfl_jax.checkpoint.Cadence`) is given, and with ``files`` (process 0, the folder
+    locked) the result files are written, each listed in the manifest first; without a decision nothing is written."""
     config = cfg.to_dict()
     environment = {**environment_info(), **invocation_info()} if files else None
     task = build_task(cfg)
@@ -640,7 +640,7 @@ def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress:
             raise
     histories: list[History] = []  # filled as the runs finish
     try:
-        return _run_each(cfg, decision, files, progress, plot, checkpoint_every, resume, callbacks, task,
+        return _run_each(cfg, decision, files, progress, plot, cadence, resume, callbacks, task,
                          schedules_of, manifest, config, environment, histories)
     except BaseException:
         if manifest is not None and decision != "continue" and not histories and not _holds_results(manifest):
@@ -662,7 +662,7 @@ def _holds_results(manifest: outputs.Manifest) -> bool:
 
 
 def _run_each(cfg: ExperimentConfig, decision: str | None, files: bool, progress: bool, plot: bool,
-              checkpoint_every: int | None, resume: bool, callbacks: Sequence[Any], task: Task,
+              cadence: Any, resume: bool, callbacks: Sequence[Any], task: Task,
               schedules_of: dict[int, Any], manifest: outputs.Manifest | None, config: dict[str, Any],
               environment: Any, histories: list[History]) -> list[History]:
     """The loop of :func:`_run_all` over the runs (its arguments), writing as it goes; appends each finished run's

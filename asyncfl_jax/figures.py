@@ -32,6 +32,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from asyncfl_jax.atomic import write_atomic
+
 AXES = {"uploads": "client uploads (results received)",
         "time": "virtual time (delay-model time units)",
         "local_steps": "local computation (local steps trained)",
@@ -236,7 +238,7 @@ def save_figure_files(fig: Any, path: str, dpi: int = 150) -> list[str]:
     for target in targets:
         buf = io.BytesIO()
         fig.savefig(buf, format=os.path.splitext(target)[1][1:].lower(), dpi=dpi)
-        _write_atomic(target, buf.getvalue())
+        write_atomic(target, buf.getvalue())
     plt.close(fig)
     return targets
 
@@ -292,22 +294,4 @@ def run_settings(config: Mapping[str, Any]) -> dict[str, str]:
         out[run.get("label") or run.get("algorithm")] = text
     return out
 
-
-def _write_atomic(path: str, data: bytes) -> None:
-    """``data`` becomes ``path`` only once fully written (a temporary file in the same folder, then a rename)."""
-    import tempfile
-
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 

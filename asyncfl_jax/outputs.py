@@ -19,7 +19,7 @@ Three guarantees, each a small piece of this module:
   is built with :func:`path_inside`, which refuses a path that leaves ``DIR`` or passes through a symbolic link
   below it.
 
-Temporary files of atomic writes (``.tmp-<8 characters><name>``, see :func:`asyncfl_jax.results.atomic_file`) left by
+Temporary files of atomic writes (``.tmp-<8 characters><name>``, see :func:`asyncfl_jax.atomic.atomic_file`) left by
 a killed write next to a listed file are removed at the next start (:func:`remove_orphan_temporaries`).
 """
 
