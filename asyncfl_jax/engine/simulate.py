@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping, Sequence
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine.callbacks import Checkpoints, DivergenceWarnings, ProgressBar, StopWhenAllDiverged
+from asyncfl_jax.engine.executors import parse_job_executor
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.loop import HostLoop, check_count, prepare_run
 from asyncfl_jax.engine.placement import make_placement
@@ -24,7 +25,7 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
              shard_clients: bool = False, lookahead: int = 1, checkpoint_dir: str | None = None,
              checkpoint_every: int = 1, resume: bool = False, callbacks: Sequence[Any] = (),
              precision: str = "float32", trajectory: bool | Callable[[Any], Any] | None = None,
-             replica_batch: int | None = None) -> History:
+             replica_batch: int | None = None, job_executor: str = "auto") -> History:
     """Runs an experiment (all replicas as one vmapped program) and returns its :class:`History`.
 
     Args:
@@ -80,22 +81,30 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         together. On a CPU, large vmapped sweeps of a model like the MLP can run faster per replica in small groups
         (their working set stays in the cache; see docs/benchmarks.md). The same results up to float rounding; one
         device only (not with ``shard_*``).
+      job_executor: how the jobs trained together at a step are laid out in the program
+        (:mod:`asyncfl_jax.engine.executors`): ``"vmap"`` (one vmapped call), ``"unrolled"`` (written out one after
+        another), ``"grouped:G"`` (vmapped groups of ``G``), or ``"auto"`` (default: ``unrolled`` for convolutional
+        and recurrent models on the CPU backend, where a vmapped convolution runs as a slow grouped convolution;
+        ``vmap`` otherwise). The same results up to float rounding.
     """
     check_count("checkpoint_every", checkpoint_every)
+    parse_job_executor(job_executor)
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs a checkpoint_dir to resume from")
     with precision_scope(check_precision(precision)):  # a restored float64 checkpoint needs x64 too
         return _simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label,
                          make_placement(shard_jobs, shard_replicas, shard_clients), lookahead, checkpoint_dir,
-                         checkpoint_every, resume, callbacks, precision, trajectory, replica_batch)
+                         checkpoint_every, resume, callbacks, precision, trajectory, replica_batch, job_executor)
 
 
 def _simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
               hparams: Mapping[str, Any] | None, eval_every: int, progress: bool, label: str | None, placement: Any,
               lookahead: int, checkpoint_dir: str | None, checkpoint_every: int, resume: bool,
-              callbacks: Sequence[Any], precision: str, trajectory: Any, replica_batch: int | None) -> History:
+              callbacks: Sequence[Any], precision: str, trajectory: Any, replica_batch: int | None,
+              job_executor: str = "auto") -> History:
     run = prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
-                      precision=precision, trajectory=trajectory, replica_batch=replica_batch)
+                      precision=precision, trajectory=trajectory, replica_batch=replica_batch,
+                      job_executor=job_executor)
     budget = run.budget()
     logger.info("%s: %s", run.label, budget.describe())
     budget.check()

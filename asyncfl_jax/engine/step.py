@@ -233,16 +233,18 @@ def freeze_diverged(advance: Callable[..., tuple[Carry, Any]], clock: Any) -> Ca
 def make_program(task: Task, algorithm: Algorithm, local: LocalConfig, clock: Any, store_kind: str = "dispatch",
                  num_slots: int = 1, lookahead: int = 1,
                  constrain_jobs: Callable[[jax.Array], jax.Array] | None = None,
-                 init_batch: int | None = None, record: Callable[[jax.Array], Any] | None = None) -> Program:
+                 init_batch: int | None = None, record: Callable[[jax.Array], Any] | None = None,
+                 executor: Any = None) -> Program:
     """The :class:`Program` of a run: ``clock`` (:class:`PresampledClock` or :class:`InScanClock`) and the store
     (``"dispatch"``: train at dispatch, ``"lookahead"``: lookahead batching over ``lookahead`` steps, ``"arrival"``:
     train at arrival). ``constrain_jobs`` places a 1-D array of jobs over the devices. ``init_batch``: the group size
     of the jobs started before step 0 (default ``engine.jobs.INIT_BATCH``, read now). ``record``: the trajectory's
-    function of the flat global model, recorded after every step (None: no trajectory, the program unchanged)."""
+    function of the flat global model, recorded after every step (None: no trajectory, the program unchanged).
+    ``executor``: how the jobs of a step are laid out (:mod:`asyncfl_jax.engine.executors`; default vmapped)."""
     init_batch = jobs_lib.INIT_BATCH if init_batch is None else init_batch
     if isinstance(clock, PresampledClock):
         clock = dataclasses.replace(clock, init_batch=init_batch)
-    trainer = make_trainer(task, algorithm, local, constrain_jobs)
+    trainer = make_trainer(task, algorithm, local, constrain_jobs, executor)
     stores = {"dispatch": lambda: TrainAtDispatch(trainer, num_slots),
               "lookahead": lambda: Lookahead(trainer, num_slots, lookahead),
               "arrival": lambda: TrainAtArrival(trainer, num_slots)}
@@ -252,7 +254,8 @@ def make_program(task: Task, algorithm: Algorithm, local: LocalConfig, clock: An
 
 
 def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slots: int, job_sharding: Any = None,
-                  lookahead: int = 1, constrain_jobs: Callable[[jax.Array], jax.Array] | None = None) -> Program:
+                  lookahead: int = 1, constrain_jobs: Callable[[jax.Array], jax.Array] | None = None,
+                  executor: Any = None) -> Program:
     """The program of a run over a pre-sampled schedule with ``num_slots`` pending slots: train at dispatch, or
     lookahead batching when ``lookahead > 1`` (the steps' ``plan`` must then be given, see
     :func:`~asyncfl_jax.engine.inputs.lookahead_plan`). ``job_sharding`` (a sharding of a 1-D array) spreads the jobs
@@ -261,7 +264,7 @@ def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slot
     if job_sharding is not None:
         constrain = lambda a: jax.lax.with_sharding_constraint(a, job_sharding)  # noqa: E731
     return make_program(task, algorithm, local, PresampledClock(), "lookahead" if lookahead > 1 else "dispatch",
-                        num_slots=num_slots, lookahead=lookahead, constrain_jobs=constrain)
+                        num_slots=num_slots, lookahead=lookahead, constrain_jobs=constrain, executor=executor)
 
 
 class SimulationOutput(NamedTuple):
