@@ -162,6 +162,9 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--replica-batch", type=int, metavar="G",
                    help="compute the replicas G at a time in each chunk instead of all together (on a CPU, large "
                         "sweeps of bigger models can run faster per replica; same results up to float rounding)")
+    g.add_argument("--job-executor", metavar="E",
+                   help="how the jobs of a server step are laid out: auto (default: unrolled for CNNs and RNNs on "
+                        "CPU, vmap otherwise), vmap, unrolled or grouped:G; same results up to float rounding")
     g.add_argument("--shard-replicas", action="store_true",
                    help="spread the replicas (seeds x swept hyper-parameters) over all JAX devices; their number "
                         "must be a multiple of the device count")
@@ -230,6 +233,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     put("eval_every", args.eval_every)
     put("lookahead", args.lookahead)
     put("replica_batch", args.replica_batch)
+    put("job_executor", args.job_executor)
     put("precision", args.precision)
     if args.trajectory:
         raw["trajectory"] = True
@@ -332,7 +336,7 @@ _CONFIG_OPTIONS = ("config", "set", "dataset", "data_dir", "num_clients", "parti
                    "local_steps", "batch_size", "lr", "algorithm", "option", "staleness", "normalization", "hparam",
                    "protocol", "concurrency", "buffer_size", "refill", "participants", "steps", "arrivals", "speed",
                    "noise", "seeds", "eval_every", "shard_jobs", "shard_replicas", "shard_clients", "preset",
-                   "lookahead", "replica_batch", "precision", "trajectory")
+                   "lookahead", "replica_batch", "precision", "trajectory", "job_executor")
 
 
 def _resumed_config(args: argparse.Namespace) -> ExperimentConfig:
