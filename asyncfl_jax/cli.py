@@ -205,7 +205,8 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         raw["local"].update(chosen.pop("local"))
         raw["data"].update(chosen.pop("data"))
         raw["model"].update(chosen.pop("model"))
-        raw["runs"] = [{**chosen, "arrivals": DEFAULT_ARRIVALS}]
+        arrivals = chosen.pop("arrivals", DEFAULT_ARRIVALS)
+        raw["runs"] = [{**chosen, "arrivals": arrivals}]
     put("data.name", args.dataset)
     put("data.path", args.data_dir)
     put("data.num_clients", args.num_clients)

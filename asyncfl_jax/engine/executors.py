@@ -79,15 +79,38 @@ class GroupedJobs:
 
 @dataclasses.dataclass(frozen=True)
 class UnrolledJobs:
-    """The jobs written out one after another (a trace-time loop over the jobs)."""
+    """The jobs written out one after another (a trace-time loop over the jobs).
 
+    With ``shards = D > 1`` (``shard_jobs`` over ``D`` devices; ``constrain`` places an array's leading axis over
+    them) the jobs are split into ``D`` equal parts (padded with copies of the first job, whose results are
+    dropped), the parts vmapped along an axis placed over the devices, and each part's jobs written out one after
+    another: each device trains its own jobs one by one, with dense convolutions."""
+
+    shards: int = 1
+    constrain: Callable[[jax.Array], jax.Array] | None = None
     name = "unrolled"
 
     def map(self, fn: Callable[..., Any], in_axes: Sequence[int | None], *args: Any) -> Any:
+        if self.shards > 1:
+            return self._sharded(fn, in_axes, *args)
         width = _width(in_axes, args)
         outs = [fn(*[arg if axis is None else jax.tree_util.tree_map(lambda a: a[j], arg)  # noqa: B023
                      for axis, arg in zip(in_axes, args)]) for j in range(width)]
         return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *outs)
+
+    def _sharded(self, fn: Callable[..., Any], in_axes: Sequence[int | None], *args: Any) -> Any:
+        width, parts = _width(in_axes, args), self.shards
+        per_part = -(-width // parts)
+        place = self.constrain or (lambda a: a)
+
+        def split(a: jax.Array) -> jax.Array:
+            padded = jnp.concatenate([a, jnp.repeat(a[:1], per_part * parts - width, axis=0)])
+            return place(padded.reshape(parts, per_part, *a.shape[1:]))
+
+        split_args = [arg if axis is None else jax.tree_util.tree_map(split, arg) for axis, arg in zip(in_axes, args)]
+        one_part = UnrolledJobs()
+        out = jax.vmap(lambda *a: one_part.map(fn, in_axes, *a), in_axes=tuple(in_axes))(*split_args)
+        return jax.tree_util.tree_map(lambda o: place(o).reshape(parts * per_part, *o.shape[2:])[:width], out)
 
 
 JobExecutor = VmapJobs | GroupedJobs | UnrolledJobs
@@ -141,15 +164,18 @@ def auto_executor(backend: str, kind: str) -> JobExecutor:
     return VmapJobs()
 
 
-def make_job_executor(spec: str | JobExecutor, model: Any, example: jax.Array,
-                      backend: str | None = None) -> JobExecutor:
+def make_job_executor(spec: str | JobExecutor, model: Any, example: jax.Array, backend: str | None = None,
+                      shards: int = 1, constrain: Callable[[jax.Array], jax.Array] | None = None) -> JobExecutor:
     """The executor ``spec`` asks for; ``"auto"`` chooses from ``backend`` (default ``jax.default_backend()``) and
-    the model (``example``: one batch of inputs)."""
+    the model (``example``: one batch of inputs). ``shards``: the devices the jobs are spread over (``shard_jobs``),
+    with ``constrain`` placing an array's leading axis over them (see :class:`UnrolledJobs`)."""
     spec = parse_job_executor(spec)
     if spec == "vmap":
-        return VmapJobs()
-    if spec == "unrolled":
-        return UnrolledJobs()
-    if spec == "auto":
-        return auto_executor(backend or jax.default_backend(), model_kind(model, example))
+        spec = VmapJobs()
+    elif spec == "unrolled":
+        spec = UnrolledJobs()
+    elif spec == "auto":
+        spec = auto_executor(backend or jax.default_backend(), model_kind(model, example))
+    if isinstance(spec, UnrolledJobs) and shards > 1:
+        return UnrolledJobs(shards, constrain)
     return spec

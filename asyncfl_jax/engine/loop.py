@@ -232,7 +232,9 @@ def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalC
     placement.check(len(replicas), task.num_clients)
     check_processes(placement)
     task = cast_task(task, precision)
-    executor = make_job_executor(job_executor, task.model, task.train.features[:1])
+    shards = jax.device_count() if isinstance(placement, ShardJobs) else 1
+    executor = make_job_executor(job_executor, task.model, task.train.features[:1], shards=shards,
+                                 constrain=placement.constrain_jobs)
     program = timeline.program(task, algorithm, local, placement.constrain_jobs, executor)
     data = task_arrays(task)
     record_shape = None
