@@ -28,6 +28,10 @@ speaking roles, ``shakespeare_lstm``) read LEAF's files or Flower's parquet file
 which nothing downloads: ``asyncfl run --preset asyncfeded/femnist/... --set data.path=<folder>`` runs when the files
 are there, and without them stops with exit code 2 saying how to get them (the check of ``config.validate``).
 
+CPU-scale CNN presets (``ca2fl/cpu_cnn/...``, ``ace/cpu_cnn/ace``, ``asyncfeded/cpu_cnn/...``): the papers' CNN
+experiments sized to run in minutes on 2 CPU cores, on the Debian Fashion-MNIST files (see ``_cpu_cnn_presets``);
+each sets its own number of uploads (``arrivals``). AREA has none: its experiments use logistic regression only.
+
 Not reproduced: the paper decays the local learning rate by 0.995 (per local round, digest recommendation); here it
 is constant. AsyncFedED's K is capped at 50 (the paper has no cap; digest 001, section 2.6).
 """
