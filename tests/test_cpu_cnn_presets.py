@@ -29,7 +29,14 @@ def test_a_preset_sets_its_number_of_uploads(capsys):
     assert config["model"]["name"] == "ca2fl_cnn" and config["data"]["partition"] == "dirichlet"
 
 
-@pytest.mark.parametrize("name", CPU_CNN)
+def test_every_cpu_cnn_preset_validates(tmp_path, capsys):
+    for name in CPU_CNN:
+        assert cli.main(["run", "--print-config", "--preset", name]) == 0
+        assert json.loads(capsys.readouterr().out)["runs"][0]["algorithm"] == PRESETS[name]["algorithm"]
+
+
+# One run per paper (each paper's model); the other presets differ from these only in their server rule.
+@pytest.mark.parametrize("name", ["ca2fl/cpu_cnn/ca2fl", "ace/cpu_cnn/ace", "asyncfeded/cpu_cnn/asyncfeded"])
 def test_cpu_cnn_preset_runs_a_few_uploads(name, tmp_path):
     from asyncfl_jax.data.idx import DatasetNotFoundError, find_idx_dir
 
@@ -38,7 +45,7 @@ def test_cpu_cnn_preset_runs_a_few_uploads(name, tmp_path):
     except DatasetNotFoundError:
         pytest.skip("Fashion-MNIST IDX files are not installed (apt-get install dataset-fashion-mnist)")
     out = tmp_path / "run"
-    assert cli.main(["run", "--preset", name, "--arrivals", "3", "--num-clients", "4", "--local-steps", "1",
+    assert cli.main(["run", "--preset", name, "--arrivals", "5", "--num-clients", "10", "--local-steps", "1",
                      "--out", str(out), "--no-progress", "--no-plot", "--no-checkpoint"]) == 0
     summary = json.loads((out / "summary.json").read_text())["runs"][0]
     assert 0.0 <= summary["final_test_accuracy"][0] <= 1.0
