@@ -190,14 +190,16 @@ def run_identity(
     shard_clients: bool = False,
     trajectory: Any = None,
     replica_batch: int | None = None,
+    job_executor: str = "vmap",
 ) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: everything that determines the run's result.
 
     The schedules enter as a hash of their arrays; the task as its name, number of clients and parameters, the
     shapes and dtypes of its arrays, a hash of the initial model ``x0`` (the data themselves are not hashed) and its
     evaluation split (held-out fractions and evaluated clients) when it has one. ``trajectory`` (the shapes of one
-    trajectory record, or None) enters only when a trajectory is recorded, and ``replica_batch`` only when set, so
-    other runs keep their identity.
+    trajectory record, or None) enters only when a trajectory is recorded, ``replica_batch`` only when set and
+    ``job_executor`` (how a step's jobs are laid out, :mod:`asyncfl_jax.engine.executors`; its float rounding differs)
+    only when it is not the plain ``"vmap"``, so other runs keep their identity.
     """
     return _canonical({
         "label": label,
@@ -218,6 +220,7 @@ def run_identity(
         "shard_clients": bool(shard_clients),
         **({} if trajectory is None else {"trajectory": tree_signature(trajectory)}),
         **({} if replica_batch is None else {"replica_batch": int(replica_batch)}),
+        **({} if job_executor == "vmap" else {"job_executor": str(job_executor)}),
     })
 
 

@@ -206,6 +206,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="compute the replicas G at a time in each chunk (default: all together on an accelerator, "
                         "groups sized from the work of a step on a CPU; G >= the replicas: all together; same "
                         "results up to float rounding)")
+    g.add_argument("--job-executor", metavar="E",
+                   help="how the jobs of a server step are laid out: auto (default: unrolled for CNNs and RNNs on "
+                        "CPU, vmap otherwise), vmap, unrolled or grouped:G; same results up to float rounding")
     g.add_argument("--shard-replicas", action="store_true",
                    help="spread the replicas (seeds x swept hyper-parameters) over all JAX devices; their number "
                         "must be a multiple of the device count")
@@ -257,7 +260,8 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         raw["local"].update(chosen.pop("local"))
         raw["data"].update(chosen.pop("data"))
         raw["model"].update(chosen.pop("model"))
-        raw["runs"] = [{**chosen, "arrivals": DEFAULT_ARRIVALS}]
+        arrivals = chosen.pop("arrivals", DEFAULT_ARRIVALS)
+        raw["runs"] = [{**chosen, "arrivals": arrivals}]
     put("data.name", args.dataset)
     put("data.path", args.data_dir)
     put("data.num_clients", args.num_clients)
@@ -286,6 +290,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     put("eval_every", args.eval_every)
     put("lookahead", args.lookahead)
     put("replica_batch", args.replica_batch)
+    put("job_executor", args.job_executor)
     put("precision", args.precision)
     if args.trajectory:
         raw["trajectory"] = True
@@ -429,7 +434,7 @@ _CONFIG_OPTIONS = ("config", "set", "dataset", "data_dir", "num_clients", "parti
                    "protocol", "concurrency", "buffer_size", "refill", "participants", "steps", "arrivals", "speed",
                    "noise", "seeds", "eval_every", "shard_jobs", "shard_replicas", "shard_clients", "preset",
                    "lookahead", "replica_batch", "precision", "trajectory", "device_trace", "device_capacity",
-                   "device_behavior")
+                   "device_behavior", "job_executor")
 
 
 def _resumed_config(args: argparse.Namespace) -> ExperimentConfig:

@@ -221,6 +221,7 @@ class ExperimentConfig:
     shard_clients: bool = False
     lookahead: int = 1
     replica_batch: int | None = None
+    job_executor: str = "auto"  # engine.executors: "auto", "vmap", "unrolled" or "grouped:G"
     precision: str = "float32"
     trajectory: bool = False
     output: str | None = None
@@ -643,6 +644,12 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
         if cfg.shard_jobs or cfg.shard_replicas or cfg.shard_clients:
             _fail("replica_batch", cfg.replica_batch, "cannot be combined with shard_jobs, shard_replicas or "
                   "shard_clients (it groups the replicas of one device)")
+    from asyncfl_jax.engine.executors import parse_job_executor  # noqa: PLC0415
+
+    try:
+        parse_job_executor(cfg.job_executor)
+    except ValueError:
+        _fail("job_executor", cfg.job_executor, "must be auto, vmap, unrolled or grouped:G (G an integer >= 1)")
     if cfg.precision not in PRECISIONS:
         _fail("precision", cfg.precision, f"must be one of {list(PRECISIONS)}")
     if not isinstance(cfg.trajectory, bool):

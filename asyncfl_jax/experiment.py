@@ -201,6 +201,7 @@ def run_experiment(
         shard_clients=cfg.shard_clients,
         lookahead=1 if run.protocol.name == "event_clock" else cfg.lookahead,  # the clock trains at arrival anyway
         replica_batch=cfg.replica_batch,
+        job_executor=cfg.job_executor,
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every if checkpoint_dir is not None else None,
         checkpoint_interval=checkpoint_interval if checkpoint_dir is not None else None,

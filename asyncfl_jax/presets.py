@@ -28,6 +28,10 @@ speaking roles, ``shakespeare_lstm``) read LEAF's files or Flower's parquet file
 which nothing downloads: ``asyncfl run --preset asyncfeded/femnist/... --set data.path=<folder>`` runs when the files
 are there, and without them stops with exit code 2 saying how to get them (the check of ``config.validate``).
 
+CPU-scale CNN presets (``ca2fl/cpu_cnn/...``, ``ace/cpu_cnn/ace``, ``asyncfeded/cpu_cnn/...``): the papers' CNN
+experiments sized to run in minutes on 2 CPU cores, on the Debian Fashion-MNIST files (see ``_cpu_cnn_presets``);
+each sets its own number of uploads (``arrivals``). AREA has none: its experiments use logistic regression only.
+
 Not reproduced: the paper decays the local learning rate by 0.995 (per local round, digest recommendation); here it
 is constant. AsyncFedED's K is capped at 50 (the paper has no cap; digest 001, section 2.6).
 """
@@ -83,9 +87,56 @@ def _asyncfeded_presets() -> dict[str, dict[str, Any]]:
     return out
 
 
-PRESETS: dict[str, dict[str, Any]] = _asyncfeded_presets()
+# ------------------------------------------------------------------------------------------- CPU-scale CNN tasks
+# The papers' convolutional experiments (CIFAR-10/100 and FEMNIST) take hours on a CPU. Each `<paper>/cpu_cnn/...`
+# preset keeps the paper's CNN (or, for ACE's ResNet-18, the small built-in CNN), its algorithm rules, protocol and
+# hyper-parameters, on a task sized to run in minutes on 2 CPU cores: Fashion-MNIST (the Debian package's files,
+# nothing downloaded) over 20 clients (10 for AsyncFedED, as in its experiments) with a Dirichlet(0.3) label split,
+# fewer local steps and a few hundred uploads. The dataset is a stand-in: the papers' accuracies are not expected.
+_CPU_CNN_DATA = {"name": "fashion_mnist", "num_clients": 20, "partition": "dirichlet", "dirichlet_alpha": 0.3}
+_CA2FL_PROTOCOL = {"name": "concurrent", "concurrency": 10, "buffer_size": 5, "refill": "boundary"}
+_ACE_ARRIVALS = 600
+
+
+def _cpu_cnn_presets() -> dict[str, dict[str, Any]]:
+    """CA2FL (digest 003: its CIFAR CNN, eta_l = 0.01, eta = 1, boundary refill, Mc/M = 2; K = 5 steps of 32 instead
+    of 2 epochs of 50), ACE (digest 000: K = 1 gradient of batch 50, all clients active, eta = 0.2 sqrt(n / T)) and
+    AsyncFedED (digest 001, its FEMNIST column: the FEMNIST CNN, K = 10 of batch 10, lr 0.01, momentum 0.5)."""
+    ca2fl_local = {"steps": 5, "batch_size": 32, "lr": 0.01, "momentum": 0.0}
+    ca2fl_model = {"name": "ca2fl_cnn"}
+    ace_local = {"steps": 1, "batch_size": 50, "lr": 0.05, "momentum": 0.0}
+    ace_lr = round(0.2 * (_CPU_CNN_DATA["num_clients"] / _ACE_ARRIVALS) ** 0.5, 4)
+    feded_data = {**_CPU_CNN_DATA, "num_clients": 10}
+    feded_local = {"steps": 10, "batch_size": 10, "lr": 0.01, "momentum": 0.5}
+    lr, (lam, eps, gamma_bar, kappa), alpha, _, _ = _ASYNCFEDED_TASKS["femnist"]
+    runs = {
+        "ca2fl/cpu_cnn/ca2fl": {"algorithm": "ca2fl", "options": {}, "hparams": {"server_lr": 1.0},
+                                "protocol": _CA2FL_PROTOCOL, "local": ca2fl_local, "model": ca2fl_model,
+                                "arrivals": 300},
+        "ca2fl/cpu_cnn/fedbuff": {"algorithm": "fedbuff", "options": {}, "hparams": {"server_lr": 1.0},
+                                  "protocol": _CA2FL_PROTOCOL, "local": ca2fl_local, "model": ca2fl_model,
+                                  "arrivals": 300},
+        "ace/cpu_cnn/ace": {"algorithm": "ace", "options": {}, "hparams": {"server_lr": ace_lr},
+                            "protocol": {"name": "all_active"}, "local": ace_local, "model": {"name": "cnn"},
+                            "arrivals": _ACE_ARRIVALS},
+        "asyncfeded/cpu_cnn/asyncfeded": {
+            "algorithm": "asyncfeded", "options": {"initial_steps": 10, "max_steps": 50},
+            "hparams": {"feded_lambda": lam, "feded_epsilon": eps, "target_staleness": gamma_bar, "kappa": kappa},
+            "protocol": _ASYNC, "local": feded_local, "model": {"name": "femnist_cnn"}, "data": feded_data,
+            "arrivals": 150},
+        "asyncfeded/cpu_cnn/fedasync_constant": {
+            "algorithm": "fedasync", "options": {"staleness": "constant"}, "hparams": {"alpha": alpha},
+            "protocol": _ASYNC, "local": feded_local, "model": {"name": "femnist_cnn"}, "data": feded_data,
+            "arrivals": 150},
+    }
+    assert lr == feded_local["lr"]
+    return {name: {"label": name.split("/")[-1], "data": _CPU_CNN_DATA, **run} for name, run in runs.items()}
+
+
+PRESETS: dict[str, dict[str, Any]] = {**_asyncfeded_presets(), **_cpu_cnn_presets()}
 """Every preset by name: ``{"label", "algorithm", "options", "hparams", "protocol", "local", "data", "model"}``
-(``data`` and ``model``: the configuration sections of the paper's task)."""
+(``data`` and ``model``: the configuration sections of the paper's task), and optionally ``arrivals`` (the run's
+length; default the CLI's)."""
 
 
 def unavailable(preset: dict[str, Any]) -> str | None:

@@ -579,6 +579,13 @@ def targets_of(res: dict[str, Any]) -> list[dict[str, Any]]:
     if "logreg" in steady:
         targets.append(_target("FedBuff logreg: engine / plain PyTorch loop (best threads)",
                                steady["logreg"]["engine_over_best_torch"], bench_yardstick.TARGET_STEADY_LOGREG))
+    cnn = steady.get("cnn", {})
+    if "cnn_one_device_over_torch_1_thread" in cnn:
+        targets.append(_target("CNN: engine (one device) / plain PyTorch loop, 1 thread",
+                               cnn["cnn_one_device_over_torch_1_thread"], bench_yardstick.TARGET_CNN_ONE_DEVICE))
+    if "cnn_shard_jobs_over_torch_1_thread" in cnn:
+        targets.append(_target("CNN: engine (shard_jobs over the cores) / plain PyTorch loop, 1 thread",
+                               cnn["cnn_shard_jobs_over_torch_1_thread"], bench_yardstick.TARGET_CNN_SHARD_JOBS))
     for name, target in bench_yardstick.TARGET_E2E.items():
         r = tr.get("end_to_end", {}).get(name)
         if r:

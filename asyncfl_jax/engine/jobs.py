@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from asyncfl_jax.algorithms.base import UPLOADS, Algorithm, ServerMeta, after, read_rows
 from asyncfl_jax.client import LocalConfig, make_local_update
+from asyncfl_jax.engine.executors import JobExecutor, VmapJobs
 from asyncfl_jax.task import Task
 
 INIT_BATCH = 256  # jobs started before step 0 are trained in groups of this many (bounds memory when all n start)
@@ -87,13 +88,16 @@ def server_key(key: jax.Array, step_plus_one: jax.Array) -> jax.Array:
 class Trainer:
     """Local training of jobs and the algorithm's client rule, for one task, algorithm and local setting.
 
-    ``constrain`` places a 1-D array of jobs over the devices (the identity unless jobs are sharded).
+    ``constrain`` places a 1-D array of jobs over the devices (the identity unless jobs are sharded); ``executor``
+    lays the jobs' local training out in the program (:mod:`asyncfl_jax.engine.executors`: vmapped, written out one
+    after another, or in groups).
     """
 
     algorithm: Algorithm
     local: LocalConfig
     local_fn: Callable[..., jax.Array]
     constrain: Callable[[jax.Array], jax.Array] = lambda a: a
+    executor: JobExecutor = VmapJobs()
 
     def plan(self, server: Any, clients: jax.Array, hp) -> tuple[Any, jax.Array]:
         """The hyper-parameters and local step counts of jobs that ``clients`` start now (``server``: the state)."""
@@ -105,14 +109,14 @@ class Trainer:
 
     def results(self, x: jax.Array, clients: jax.Array, keys: jax.Array, hp, steps: jax.Array, train_data: Any,
                 per_job: bool = False) -> jax.Array:
-        """The jobs' local-training results in one vmapped call. ``x`` and ``hp`` are shared by the jobs, or with
-        ``per_job`` have a leading job axis (jobs of several steps); ``steps`` is read only when the algorithm's
-        job policy sets the step counts."""
+        """The jobs' local-training results, laid out by the executor (one vmapped call by default). ``x`` and ``hp``
+        are shared by the jobs, or with ``per_job`` have a leading job axis (jobs of several steps); ``steps`` is
+        read only when the algorithm's job policy sets the step counts."""
         shared = 0 if per_job else None
         if self.algorithm.jobs.steps is None:
-            return jax.vmap(self.local_fn, in_axes=(shared, 0, 0, shared, None))(x, clients, keys, hp, train_data)
-        return jax.vmap(self.local_fn, in_axes=(shared, 0, 0, shared, None, 0))(x, clients, keys, hp, train_data,
-                                                                               steps)
+            return self.executor.map(self.local_fn, (shared, 0, 0, shared, None), x, clients, keys, hp, train_data)
+        return self.executor.map(self.local_fn, (shared, 0, 0, shared, None, 0), x, clients, keys, hp, train_data,
+                                 steps)
 
     def messages(self, x: jax.Array, clients: jax.Array, valid: jax.Array, results: jax.Array, memory: Any, hp,
                  per_job: bool = False) -> tuple[Any, Any]:
@@ -154,9 +158,10 @@ class Trainer:
 
 def make_trainer(task: Task, algorithm: Algorithm, local: LocalConfig,
                  constrain: Callable[[jax.Array], jax.Array] | None = None,
-                 differentiable_steps: bool = False) -> Trainer:
+                 executor: JobExecutor | None = None, differentiable_steps: bool = False) -> Trainer:
     """The :class:`Trainer` of ``algorithm``'s jobs (with a per-job step count when its job policy sets one;
-    ``differentiable_steps``: that count as a masked loop of ``max_steps`` steps, see :func:`make_local_update`)."""
+    ``differentiable_steps``: that count as a masked loop of ``max_steps`` steps, see :func:`make_local_update`);
+    ``executor``: how the jobs are laid out (default one vmapped call)."""
     policy = algorithm.jobs
     if algorithm.upload not in UPLOADS:
         raise ValueError(f"{algorithm.name}: upload must be one of {list(UPLOADS)}, got {algorithm.upload!r}")
@@ -167,7 +172,7 @@ def make_trainer(task: Task, algorithm: Algorithm, local: LocalConfig,
     else:
         local_fn = make_local_update(task.model, local, output=algorithm.local_output, max_steps=policy.max_steps,
                                      loss=task.loss, differentiable_steps=differentiable_steps)
-    return Trainer(algorithm, local, local_fn, constrain or (lambda a: a))
+    return Trainer(algorithm, local, local_fn, constrain or (lambda a: a), executor or VmapJobs())
 
 
 def put_messages(pending: Any, slots: jax.Array, valid: jax.Array, messages: Any) -> Any:

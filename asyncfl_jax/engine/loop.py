@@ -25,6 +25,7 @@ from asyncfl_jax.client import LocalConfig, check_optimizer_hparams
 from asyncfl_jax.distributed import check_same_everywhere, largest_everywhere, to_host
 from asyncfl_jax.errors import InputError
 from asyncfl_jax.engine.budget import MemoryBudget, check_compiled, memory_budget
+from asyncfl_jax.engine.executors import make_job_executor, parse_job_executor
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, stack_hparams
 from asyncfl_jax.engine.placement import Placed, ShardJobs, SingleDevice, check_processes
@@ -163,6 +164,11 @@ class Run:
     init: Any = dataclasses.field(default=None, repr=False)  # the jitted vmapped init prepare_run traced (or None)
 
     @property
+    def job_executor(self) -> str:
+        """How the jobs of a step are laid out (``"vmap"``, ``"unrolled"``, ``"grouped:G"``; engine.executors)."""
+        return self.program.trainer.executor.name
+
+    @property
     def num_steps(self) -> int:
         return self.timeline.num_steps
 
@@ -189,7 +195,7 @@ def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCo
                 seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None,
                 eval_every: int | None = None, label: str | None = None, placement: SingleDevice | None = None, lookahead: int = 1,
                 replicas: Sequence[Replica] | None = None, precision: str = "float32",
-                trajectory: Any = None, replica_batch: int | None = None) -> Run:
+                trajectory: Any = None, replica_batch: int | None = None, job_executor: Any = "auto") -> Run:
     """Validates and prepares a run (see :func:`~asyncfl_jax.engine.simulate.simulate` for the arguments).
 
     ``replicas`` (optional) gives the replicas directly (e.g. from :func:`make_replicas`) instead of ``seeds`` x
@@ -197,9 +203,10 @@ def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCo
     converted to ``precision`` (:func:`~asyncfl_jax.precision.cast_task`) inside the precision's scope."""
     precision = check_precision(precision)
     record = trajectory_function(trajectory)
+    job_executor = parse_job_executor(job_executor)
     with precision_scope(precision):
         run = _prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
-                           replicas, precision, record)
+                           replicas, precision, record, job_executor)
     if replica_batch is None:  # the grouping that suits the backend (replica_groups.py)
         return dataclasses.replace(run, replica_batch=default_replica_batch(run))
     return dataclasses.replace(run, replica_batch=check_replica_batch(replica_batch, len(run.replicas),
@@ -222,7 +229,7 @@ def default_replica_batch(run: Run) -> int | None:
 def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
                  hparams: Mapping[str, Any] | None, eval_every: int | None, label: str | None,
                  placement: SingleDevice | None, lookahead: int, replicas: Sequence[Replica] | None, precision: str,
-                 record: Callable[[jax.Array], Any] | None) -> Run:
+                 record: Callable[[jax.Array], Any] | None, job_executor: Any = "auto") -> Run:
     lookahead = check_count("lookahead", lookahead, note=" (1: off)")
     check_model_outputs(task)
     placement = placement or SingleDevice()
@@ -245,7 +252,10 @@ def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalC
     placement.check(len(replicas), task.num_clients)
     check_processes(placement)
     task = cast_task(task, precision)
-    program = timeline.program(task, algorithm, local, placement.constrain_jobs)
+    shards = jax.device_count() if isinstance(placement, ShardJobs) else 1
+    executor = make_job_executor(job_executor, task.model, task.train.features[:1], shards=shards,
+                                 constrain=placement.constrain_jobs)
+    program = timeline.program(task, algorithm, local, placement.constrain_jobs, executor)
     data = task_arrays(task)
     record_shape = None
     if record is not None:

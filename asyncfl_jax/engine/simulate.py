@@ -10,6 +10,7 @@ from asyncfl_jax.checkpoint import cadence
 from asyncfl_jax.engine.arguments import check_simulate
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine.callbacks import Checkpoints, DivergenceWarnings, ProgressBar, StopWhenAllDiverged
+from asyncfl_jax.engine.executors import parse_job_executor
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.loop import HostLoop, prepare_run
 from asyncfl_jax.engine.placement import make_placement
@@ -22,12 +23,13 @@ logger = logging.getLogger(__name__)
 
 def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None = None,
              seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None,
-             eval_every: int | None = None, progress: bool = True, label: str | None = None, shard_jobs: bool = False, shard_replicas: bool = False,
+             eval_every: int | None = None, progress: bool = True, label: str | None = None,
+             shard_jobs: bool = False, shard_replicas: bool = False,
              shard_clients: bool = False, lookahead: int = 1, checkpoint_dir: str | None = None,
              checkpoint_every: int | None = None, checkpoint_interval: float | None = None,
              resume: bool = False, callbacks: Sequence[Any] = (), final_checkpoint: bool = True,
              precision: str = "float32", trajectory: bool | Callable[[Any], Any] | None = None,
-             replica_batch: int | None = None) -> History:
+             replica_batch: int | None = None, job_executor: str = "auto") -> History:
     """Runs an experiment (all replicas as one vmapped program) and returns its :class:`History`.
 
     Args:
@@ -93,6 +95,11 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         local training of a step (one MLP replica at a time, logistic regression in groups of a few, light steps all
         together), where a vmap over many replicas is slower than the replicas one after another (see
         docs/benchmarks.md). The same results up to float rounding; one device only (not with ``shard_*``).
+      job_executor: how the jobs trained together at a step are laid out in the program
+        (:mod:`asyncfl_jax.engine.executors`): ``"vmap"`` (one vmapped call), ``"unrolled"`` (written out one after
+        another), ``"grouped:G"`` (vmapped groups of ``G``), or ``"auto"`` (default: ``unrolled`` for convolutional
+        and recurrent models on the CPU backend, where a vmapped convolution runs as a slow grouped convolution;
+        ``vmap`` otherwise). The same results up to float rounding.
     """
     check_simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label, shard_jobs,
                    shard_replicas, shard_clients, lookahead, checkpoint_dir, checkpoint_every, resume, callbacks,
@@ -101,6 +108,7 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
     if not isinstance(final_checkpoint, bool):
         raise TypeError(f"final_checkpoint must be True or False, got {type(final_checkpoint).__name__} "
                         f"{final_checkpoint!r}")
+    parse_job_executor(job_executor)
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs a checkpoint_dir to resume from")
     given = [f"{name} = {value!r}" for name, value in (("checkpoint_every", checkpoint_every),
@@ -111,15 +119,17 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         return _simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label,
                          make_placement(shard_jobs, shard_replicas, shard_clients), lookahead, checkpoint_dir,
                          (checkpoint_every, checkpoint_interval, final_checkpoint), resume, callbacks, precision,
-                         trajectory, replica_batch)
+                         trajectory, replica_batch, job_executor)
 
 
 def _simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
-              hparams: Mapping[str, Any] | None, eval_every: int | None, progress: bool, label: str | None, placement: Any,
-              lookahead: int, checkpoint_dir: str | None, checkpoint_options: tuple[Any, Any, bool], resume: bool,
-              callbacks: Sequence[Any], precision: str, trajectory: Any, replica_batch: int | None) -> History:
+              hparams: Mapping[str, Any] | None, eval_every: int | None, progress: bool, label: str | None,
+              placement: Any, lookahead: int, checkpoint_dir: str | None, checkpoint_options: tuple[Any, Any, bool],
+              resume: bool, callbacks: Sequence[Any], precision: str, trajectory: Any, replica_batch: int | None,
+              job_executor: str = "auto") -> History:
     run = prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
-                      precision=precision, trajectory=trajectory, replica_batch=replica_batch)
+                      precision=precision, trajectory=trajectory, replica_batch=replica_batch,
+                      job_executor=job_executor)
     budget = run.budget()
     logger.info("%s: %s", run.label, budget.describe())
     budget.check()

@@ -243,18 +243,19 @@ def make_program(task: Task, algorithm: Algorithm, local: LocalConfig, clock: An
                  num_slots: int = 1, lookahead: int = 1,
                  constrain_jobs: Callable[[jax.Array], jax.Array] | None = None,
                  init_batch: int | None = None, record: Callable[[jax.Array], Any] | None = None,
-                 differentiable_steps: bool = False) -> Program:
+                 executor: Any = None, differentiable_steps: bool = False) -> Program:
     """The :class:`Program` of a run: ``clock`` (:class:`PresampledClock` or :class:`InScanClock`) and the store
     (``"dispatch"``: train at dispatch, ``"lookahead"``: lookahead batching over ``lookahead`` steps, ``"arrival"``:
     train at arrival). ``constrain_jobs`` places a 1-D array of jobs over the devices. ``init_batch``: the group size
     of the jobs started before step 0 (default ``engine.jobs.INIT_BATCH``, read now). ``record``: the trajectory's
     function of the flat global model, recorded after every step (None: no trajectory, the program unchanged).
+    ``executor``: how the jobs of a step are laid out (:mod:`asyncfl_jax.engine.executors`; default vmapped).
     ``differentiable_steps``: per-job step counts as masked loops (reverse-mode differentiable, see
     :func:`~asyncfl_jax.client.make_local_update`)."""
     init_batch = jobs_lib.INIT_BATCH if init_batch is None else init_batch
     if isinstance(clock, PresampledClock):
         clock = dataclasses.replace(clock, init_batch=init_batch)
-    trainer = make_trainer(task, algorithm, local, constrain_jobs, differentiable_steps=differentiable_steps)
+    trainer = make_trainer(task, algorithm, local, constrain_jobs, executor, differentiable_steps=differentiable_steps)
     stores = {"dispatch": lambda: TrainAtDispatch(trainer, num_slots),
               "lookahead": lambda: Lookahead(trainer, num_slots, lookahead),
               "arrival": lambda: TrainAtArrival(trainer, num_slots)}
@@ -265,7 +266,7 @@ def make_program(task: Task, algorithm: Algorithm, local: LocalConfig, clock: An
 
 def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slots: int, job_sharding: Any = None,
                   lookahead: int = 1, constrain_jobs: Callable[[jax.Array], jax.Array] | None = None,
-                  differentiable_steps: bool = False) -> Program:
+                  executor: Any = None, differentiable_steps: bool = False) -> Program:
     """The program of a run over a pre-sampled schedule with ``num_slots`` pending slots: train at dispatch, or
     lookahead batching when ``lookahead > 1`` (the steps' ``plan`` must then be given, see
     :func:`~asyncfl_jax.engine.inputs.lookahead_plan`). ``job_sharding`` (a sharding of a 1-D array) spreads the jobs
@@ -274,7 +275,7 @@ def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slot
     if job_sharding is not None:
         constrain = lambda a: jax.lax.with_sharding_constraint(a, job_sharding)  # noqa: E731
     return make_program(task, algorithm, local, PresampledClock(), "lookahead" if lookahead > 1 else "dispatch",
-                        num_slots=num_slots, lookahead=lookahead, constrain_jobs=constrain,
+                        num_slots=num_slots, lookahead=lookahead, constrain_jobs=constrain, executor=executor,
                         differentiable_steps=differentiable_steps)
 
 

@@ -102,10 +102,11 @@ class PresampledTimeline:
     def num_steps(self) -> int:
         return self.schedules[0].num_steps
 
-    def program(self, task: Task, algorithm: Algorithm, local: LocalConfig, constrain_jobs: Any) -> Program:
+    def program(self, task: Task, algorithm: Algorithm, local: LocalConfig, constrain_jobs: Any,
+                executor: Any = None) -> Program:
         """Train at dispatch, or lookahead batching."""
         return build_program(task, algorithm, local, self.num_slots, lookahead=self.lookahead,
-                             constrain_jobs=constrain_jobs)
+                             constrain_jobs=constrain_jobs, executor=executor)
 
     def chunk_inputs(self, inputs: ScheduleArrays, start: int, stop: int, carry: Any) -> StepArrays:
         del carry
@@ -161,10 +162,11 @@ class EventClockTimeline:
     def num_steps(self) -> int:
         return self.clocks[0].num_steps
 
-    def program(self, task: Task, algorithm: Algorithm, local: LocalConfig, constrain_jobs: Any) -> Program:
+    def program(self, task: Task, algorithm: Algorithm, local: LocalConfig, constrain_jobs: Any,
+                executor: Any = None) -> Program:
         """One slot per client; each job trained when it arrives."""
         return make_program(task, algorithm, local, InScanClock(self.num_clients, local.steps), "arrival",
-                            num_slots=self.num_clients, constrain_jobs=constrain_jobs)
+                            num_slots=self.num_clients, constrain_jobs=constrain_jobs, executor=executor)
 
     def chunk_inputs(self, inputs: Any, start: int, stop: int, carry: Any) -> ClockChunk:
         """The chunk's steps and the duration tables its clients may need, from the clock's counters."""

@@ -7,6 +7,8 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 
+from asyncfl_jax.models.conv import conv_general_dilated
+
 
 class LogisticRegression(nn.Module):
     """Multinomial logistic regression: ``logits = W flatten(x) + b``."""
@@ -48,7 +50,7 @@ class CNN(nn.Module):
         if x.ndim == 3:  # [B, H, W] -> [B, H, W, 1]
             x = x[..., None]
         for f in self.features:
-            x = nn.relu(nn.Conv(f, kernel_size=(5, 5), padding="SAME")(x))
+            x = nn.relu(nn.Conv(f, kernel_size=(5, 5), padding="SAME", conv_general_dilated=conv_general_dilated)(x))
             x = nn.max_pool(x, window_shape=(2, 2), strides=(2, 2))
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(self.dense)(x))

@@ -38,6 +38,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from asyncfl_jax.models.conv import conv_general_dilated
+
 # PyTorch's default for nn.Linear / nn.Conv2d weights: kaiming_uniform(a=sqrt(5)), i.e. U(-1/sqrt(fan_in), +).
 _TORCH_DEFAULT_KERNEL = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
 # torch.nn.init.kaiming_normal_(w, nonlinearity="relu") (mode "fan_in", untruncated normal, std sqrt(2 / fan_in)).
@@ -73,6 +75,7 @@ def _torch_conv(features: int, kernel: int, in_channels: int, padding: int, stri
         padding=((padding, padding), (padding, padding)),
         kernel_init=_TORCH_DEFAULT_KERNEL if kernel_init is None else kernel_init,
         bias_init=_uniform_init(1.0 / math.sqrt(fan_in)) if bias_init is None else bias_init,
+        conv_general_dilated=conv_general_dilated,
     )
 
 
@@ -125,7 +128,7 @@ class _BasicBlockGN(nn.Module):
         def conv(kernel: int, stride: int, padding: int) -> nn.Conv:
             return nn.Conv(self.features, (kernel, kernel), strides=(stride, stride),
                            padding=((padding, padding), (padding, padding)), use_bias=False,
-                           kernel_init=_KAIMING_NORMAL_FAN_OUT)
+                           kernel_init=_KAIMING_NORMAL_FAN_OUT, conv_general_dilated=conv_general_dilated)
 
         def norm() -> nn.GroupNorm:
             return nn.GroupNorm(num_groups=self.num_groups, epsilon=1e-5)
@@ -172,7 +175,7 @@ class ResNet18GN(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         x = _as_nhwc(x)
         x = nn.Conv(self.widths[0], (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
-                    kernel_init=_KAIMING_NORMAL_FAN_OUT)(x)
+                    kernel_init=_KAIMING_NORMAL_FAN_OUT, conv_general_dilated=conv_general_dilated)(x)
         x = nn.relu(nn.GroupNorm(num_groups=self.num_groups, epsilon=1e-5)(x))
         for stage, (blocks, width) in enumerate(zip(self.stage_sizes, self.widths)):
             for block in range(blocks):
