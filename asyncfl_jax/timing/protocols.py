@@ -39,6 +39,7 @@ from asyncfl_jax.timing.fast import all_active_fast, rounds_log, synchronous_fas
 from asyncfl_jax.timing.policies import (AllInFlight, Availability, Aggregation, Boundary, Clock, Count, Immediate,
                                          Refill, Rounds)
 from asyncfl_jax.timing.schedule import Schedule
+from asyncfl_jax.timing.traces import TraceDelays
 from asyncfl_jax.timing.streams import (check_common, check_int, client_speeds, dropped_clients, job_durations_table,
                                         schedule_info, suspension_table)
 
@@ -243,8 +244,9 @@ def check_make_schedule(protocol: Any, num_clients: Any, num_steps: Any, delays:
     arguments.check_str("protocol", protocol)
     arguments.check_int("num_clients", num_clients, minimum=1)
     arguments.check_int("num_steps", num_steps, minimum=1)
-    if not isinstance(delays, (DelayModel, Mapping)):
-        raise TypeError(f"delays must be a DelayModel or its to_dict() form, {arguments._got(delays)}")
+    if not isinstance(delays, (DelayModel, TraceDelays, Mapping)):
+        raise TypeError(f"delays must be a DelayModel, its to_dict() form or a TraceDelays (device traces), "
+                        f"{arguments._got(delays)}")
     arguments.check_int("seed", seed, minimum=0)
 
 
