@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from asyncfl_jax.arguments import _got, check_instance, check_int, check_real
+from asyncfl_jax.arguments import _got, check_instance, check_int
 from asyncfl_jax.data.client_data import ClientData, Dataset, label_dtype
 from asyncfl_jax.losses import CLASSIFICATION, REGRESSION, Batch, Loss, get_loss, squared_errors
 from asyncfl_jax.models.core import Model, check_parameters
@@ -249,8 +249,7 @@ def check_make_task(dataset: Any, parts: Any, model: Any, train_eval_size: Any, 
     check_instance("model", model, Model, "a Model (from make_model or model_from_apply)")
     check_int("train_eval_size", train_eval_size, minimum=1)
     check_int("seed", seed, minimum=0)
-    check_real("client_test_fraction", client_test_fraction)
-    check_real("validation_fraction", validation_fraction)
+    # client_test_fraction and validation_fraction: _check_fraction (a ValueError naming the range, as before)
     check_int("eval_clients", eval_clients, minimum=1, optional=True)
     if not (loss is None or isinstance(loss, (str, Loss))):
         raise TypeError(f"loss must be None, 'classification', 'regression' or a Loss, {_got(loss)}")

@@ -39,6 +39,7 @@ SIMULATE = ["task", "algorithm", "schedules", "local", "seeds", "hparams", "eval
             "resume", "callbacks", "precision", "trajectory", "replica_batch"]
 SIMULATE_OK = {"local": [None], "hparams": [None, {"a": 1}], "seeds": [[1, 2]], "label": ["x", None], "checkpoint_dir": [None, "x"],
                "trajectory": [None, True, WRONG[-1]], "replica_batch": [None], "progress": [True],
+               "eval_every": [None], "checkpoint_every": [None],  # None: 30 evaluations; checkpoints by interval
                "resume": [True], "shard_jobs": [True], "shard_replicas": [True], "shard_clients": [True],
                "precision": []}
 TASK = ["dataset", "parts", "model", "train_eval_size", "seed", "client_test_fraction", "validation_fraction",
@@ -55,7 +56,7 @@ def _call(fn_name, name, value, parts):
         kwargs = dict(task=task, algorithm=afl.fedbuff(), schedules=schedule, local=afl.LocalConfig(steps=1),
                       seeds=[0], hparams={}, eval_every=3, progress=False, label=None, shard_jobs=False,
                       shard_replicas=False, shard_clients=False, lookahead=1, checkpoint_dir=None,
-                      checkpoint_every=1, resume=False, callbacks=[], precision="float32", trajectory=None,
+                      checkpoint_every=None, resume=False, callbacks=[], precision="float32", trajectory=None,
                       replica_batch=None)
         return afl.simulate(**{**kwargs, name: value})
     if fn_name == "make_task":
