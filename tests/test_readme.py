@@ -74,4 +74,4 @@ def test_python_block_runs_alone_prints_and_learns(document, index, tmp_path, mo
     for figure in re.findall(r"""path=["']([^"']+\.png)["']""", source):
         assert (tmp_path / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{figure} was not written"
     for csv_file in re.findall(r"""CSVLogger\(["']([^"']+)["']\)""", source):
-        assert (tmp_path / csv_file).read_text().startswith("run,step,replica,seed")
+        assert (tmp_path / csv_file).read_text().startswith("run,step,time,uploads,local_steps,replica,seed")
