@@ -58,7 +58,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from asyncfl_jax.atomic import atomic_file, write_atomic  # noqa: F401  (atomic_file: results.atomic_file)
+from asyncfl_jax.atomic import atomic_file
 
 METRIC_COLUMNS = ("test_accuracy", "test_loss", "train_loss")  # the classification task's metrics (not exhaustive)
 
@@ -391,6 +391,13 @@ def _floats(a: np.ndarray) -> list[float | None]:
 
 
 # ---------------------------------------------------------------------------------------------------- files
+def write_atomic(path: str, data: str | bytes) -> None:
+    """Writes ``data`` to ``path`` atomically through :func:`atomic_file` (this module's name for it, so that the
+    fault-injection tests that replace ``results.atomic_file`` reach every result file)."""
+    with atomic_file(path) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
 def save_figure(fig: Any, path: str, dpi: int = 120) -> None:
     """Saves a matplotlib figure as PNG at ``path`` atomically (:func:`atomic_file`) and closes it."""
     import matplotlib.pyplot as plt

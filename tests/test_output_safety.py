@@ -322,15 +322,15 @@ def test_an_oserror_during_each_write_leaves_a_folder_that_continues_to_the_same
     out = tmp_path / "out"
     cfg = cli.config_from_argv(["--out", str(out), *TINY])
     monkeypatch.setattr(results, "atomic_file", failing)
-    with pytest.raises(OSError, match="injected"):
-        experiment.run_config(cfg, progress=False, plot=False)
+    with pytest.raises(OSError, match="injected"):  # a checkpoint after every chunk: every file is written
+        experiment.run_config(cfg, progress=False, plot=False, checkpoint_every=1)
     monkeypatch.undo()
     assert hits, f"no write of {target}"
     assert not (out / outputs.LOCK_NAME).exists()
     resume = experiment.output_status(experiment.resolve(cfg)).kind == "unfinished"
     # a failed start (nothing saved yet: no checkpoint, no finished run) is new again
     assert resume == (target not in ("manifest.json", "config.json", "environment.json", "checkpoint.json"))
-    experiment.run_config(cfg, progress=False, plot=False, resume=resume)
+    experiment.run_config(cfg, progress=False, plot=False, resume=resume, checkpoint_every=1)
     assert without_timings(out) == without_timings(finished)
     left = [os.path.join(d, n) for d, _, files in os.walk(out) for n in files if n.startswith(".tmp-")]
     assert left == []
