@@ -12,6 +12,7 @@ from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.arguments import (_got, check_bool, check_callbacks, check_hparams, check_instance, check_int,
                                    check_path, check_seeds, check_str)
 from asyncfl_jax.client import LocalConfig
+from asyncfl_jax.precision import check_precision
 from asyncfl_jax.task import Task
 from asyncfl_jax.timing.clock import EventClock
 from asyncfl_jax.timing.schedule import Schedule
@@ -47,7 +48,7 @@ def check_simulate(task: Any, algorithm: Any, schedules: Any, local: Any, seeds:
     check_path("checkpoint_dir", checkpoint_dir)
     check_int("checkpoint_every", checkpoint_every, minimum=1, optional=True)  # None: by wall-clock interval
     check_callbacks(callbacks)
-    check_str("precision", precision)
+    check_precision(precision)  # the one message of every entry point: "precision must be one of [...]"
     if not (trajectory is None or isinstance(trajectory, (bool, np.bool_)) or callable(trajectory)):
         raise TypeError("trajectory must be True, False/None, or a function of the flat global model (e.g. "
                         f"lambda x: x[:10]), {_got(trajectory)}")
