@@ -200,10 +200,15 @@ def test_a_full_disk_inside_orbax_is_one_message_with_what_to_do(capfd, tmp_path
     if not hasattr(serialization, "estimate_write_memory_footprint"):
         pytest.skip("orbax's writing path changed: no place to inject the fault")
     saves, real_write, real_estimate = [], checkpoint._write_state, serialization.estimate_write_memory_footprint
+    real_start = checkpoint._start_state
 
-    def write_state(path, arrays):
+    def write_state(path, arrays):  # a synchronous save
         saves.append(path)
         return real_write(path, arrays)
+
+    def start_state(path, arrays):  # an asynchronous one (the default): orbax's thread writes it
+        saves.append(path)
+        return real_start(path, arrays)
 
     def estimate(array):
         if len(saves) == failing_save:
@@ -211,9 +216,10 @@ def test_a_full_disk_inside_orbax_is_one_message_with_what_to_do(capfd, tmp_path
         return real_estimate(array)
 
     monkeypatch.setattr(checkpoint, "_write_state", write_state)
+    monkeypatch.setattr(checkpoint, "_start_state", start_state)
     monkeypatch.setattr(serialization, "estimate_write_memory_footprint", estimate)
     out = tmp_path / "out"
-    code = cli.main(["run", *TINY, "--out", str(out)])
+    code = cli.main(["run", *TINY, "--out", str(out), "--checkpoint-every", "1"])  # a save after every chunk
     err = capfd.readouterr().err
     assert code == 2 and "Traceback" not in err and "ERROR:absl" not in err, err
     assert len(err.strip().splitlines()) <= 4, err
