@@ -732,10 +732,16 @@ def _state_bytes_estimate(n: int, num_slots: int, d: int) -> int:
 
 # ---------------------------------------------------------------------------------------------------- part: replicas
 def replica_list(algorithm, count: int, fixed: dict[str, float]):
-    """``count`` replicas: a client learning-rate sweep (up to 4 values) x seeds."""
+    """``count`` replicas: a client learning-rate sweep (up to 4 values) x seeds; for an algorithm whose clients
+    upload one gradient (ACE: no local optimizer, ``client_lr`` is not read), a server learning-rate sweep around
+    its ``server_lr`` (the same factors relative to 0.05) instead."""
     k = min(count, len(REPLICA_LRS))
     assert count % k == 0, count
-    return make_replicas(algorithm, list(range(count // k)), {**fixed, "client_lr": list(REPLICA_LRS[:k])})
+    if algorithm.upload == "gradient":
+        swept = {"server_lr": [fixed["server_lr"] * lr / 0.05 for lr in REPLICA_LRS[:k]]}
+    else:
+        swept = {"client_lr": list(REPLICA_LRS[:k])}
+    return make_replicas(algorithm, list(range(count // k)), {**fixed, **swept})
 
 
 def _replica_setup(name: str, ds: Dataset, T: int, plan: dict[str, Any]):
