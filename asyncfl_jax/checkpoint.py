@@ -49,6 +49,7 @@ import re
 import shutil
 import signal
 import threading
+import time
 from typing import Any, Iterator, Mapping, Sequence
 
 import jax
@@ -438,9 +439,35 @@ def _write_error(path: str, error: Exception, checkpointer: Any) -> CheckpointEr
     with contextlib.suppress(Exception):
         checkpointer.close()
     directory = os.path.dirname(path)
+    _wait_until_still(directory)
     _remove_stale(directory, keep=_current_state(directory))
     return CheckpointError(f"the checkpoint state {path} could not be written ({type(error).__name__}: "
                            f"{_shorter(str(error))}); the previous checkpoint, if any, is kept")
+
+
+def _wait_until_still(directory: str, quiet_seconds: float = 0.3, limit_seconds: float = 10.0) -> None:
+    """Waits (at most ``limit_seconds``) until nothing under ``directory`` has changed for ``quiet_seconds``.
+
+    When a write fails inside orbax, the writes tensorstore had already started for the other arrays go on in
+    tensorstore's own threads after orbax raises, and nothing hands them back to wait for: removing the failed
+    state's folder at once can leave it to be recreated a moment later (seen under load), so the folder is removed
+    only once those writes have drained."""
+    def snapshot() -> list[tuple[str, int]]:
+        seen = []
+        for root, _, files in os.walk(directory):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    seen.append((os.path.join(root, name), os.stat(os.path.join(root, name)).st_size))
+        return sorted(seen)
+
+    deadline = time.monotonic() + limit_seconds
+    last = snapshot()
+    while time.monotonic() < deadline:
+        time.sleep(quiet_seconds)
+        now = snapshot()
+        if now == last:
+            return
+        last = now
 
 
 class PendingSave:

@@ -225,7 +225,8 @@ def test_a_full_disk_inside_orbax_is_one_message_with_what_to_do(capfd, tmp_path
     assert len(err.strip().splitlines()) <= 4, err
     assert "asyncfl: error: no space left on the device: the checkpoint state" in err, err
     if failing_save == 1:
-        assert err.rstrip().endswith("free some space, then run the command again") and not out.exists(), err
+        left = sorted(str(p.relative_to(out)) for p in out.rglob("*")) if out.exists() else None
+        assert err.rstrip().endswith("free some space, then run the command again") and not out.exists(), (err, left)
     else:
         assert f"free some space, then continue with: asyncfl run --resume {out}" in err, err
         monkeypatch.undo()
