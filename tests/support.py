@@ -4,6 +4,8 @@ replay, and the environment of a script run in a subprocess."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 from typing import Mapping
 
 import jax.numpy as jnp
@@ -94,3 +96,17 @@ def script_env(fast_compile: bool = True, **extra: str) -> dict[str, str]:
         flags = [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]
         env["XLA_FLAGS"] = " ".join(filter(None, flags))
     return env
+
+
+def command_argv(command: str) -> tuple[list[str], str | None]:
+    """The arguments after ``asyncfl`` of a documented shell command line (leading ``NAME=value`` environment
+    settings dropped) and the file its stdout is redirected to (if any)."""
+    words = shlex.split(command)
+    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):  # environment variables (XLA_FLAGS)
+        words.pop(0)
+    assert words[0] == "asyncfl", command
+    redirect = None
+    if ">" in words:
+        i = words.index(">")
+        redirect, words = words[i + 1], words[:i]
+    return words[1:], redirect

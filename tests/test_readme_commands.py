@@ -21,11 +21,11 @@ import json
 import os
 import pathlib
 import re
-import shlex
 
 import pytest
 
 from asyncfl_jax import cli
+from support import command_argv
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 SMALL_ARRIVALS = 1000
@@ -55,17 +55,7 @@ def readme_commands() -> list[str]:
     return [first, *(line for line in lines if line)]
 
 
-def _argv(command: str) -> tuple[list[str], str | None]:
-    """The arguments after ``asyncfl`` and the file stdout is redirected to (if any)."""
-    words = shlex.split(command)
-    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):  # environment variables (XLA_FLAGS)
-        words.pop(0)
-    assert words[0] == "asyncfl", command
-    redirect = None
-    if ">" in words:
-        i = words.index(">")
-        redirect, words = words[i + 1], words[:i]
-    return words[1:], redirect
+_argv = command_argv
 
 
 def _out_folder(argv: list[str]) -> str | None:

@@ -16,9 +16,9 @@ import io
 import json
 import pathlib
 import re
-import shlex
 
 from asyncfl_jax import cli
+from support import command_argv
 
 USAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "usage.md"
 
@@ -29,16 +29,7 @@ def usage_commands() -> list[str]:
     return [line for line in lines if line]
 
 
-def _argv(command: str) -> tuple[list[str], str | None]:
-    words = shlex.split(command)
-    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
-        words.pop(0)
-    assert words[0] == "asyncfl", command
-    redirect = None
-    if ">" in words:
-        i = words.index(">")
-        redirect, words = words[i + 1], words[:i]
-    return words[1:], redirect
+_argv = command_argv
 
 
 def test_usage_lists_commands():
