@@ -50,11 +50,15 @@ class Interrupted(KeyboardInterrupt):
 _pending: list[int] = []
 _depth = 0
 _previous: dict[int, Any] = {}
+_finished: list[int] = []  # the exit code of the finished command (see finish)
 
 
 def _on_signal(signum: int, frame: Any) -> None:  # noqa: ARG001
     """Records the signal and returns (never raises; see the module docstring). A second SIGINT while one is
-    pending ends the process at once with code 130."""
+    pending ends the process at once with code 130. Once the command has finished (:func:`finish`), any signal ends
+    the process at once with the command's exit code."""
+    if _finished:
+        exit_now(_finished[0])
     if _pending and signum == signal.SIGINT and _pending[0] == signal.SIGINT:
         if not is_cli_process():  # main() called from Python: the usual KeyboardInterrupt
             raise KeyboardInterrupt
@@ -93,6 +97,16 @@ def uninstall() -> None:
             signal.signal(signum, default if previous is None else previous)
     _pending.clear()
     _agreement.clear()
+
+
+def finish(code: int) -> None:
+    """The ``asyncfl`` process's command is done with exit ``code`` (its results are written): the handlers stay in
+    place until the process ends, and a signal received from now on ends the process at once with ``code``.
+
+    Giving the signals back their default handlers here instead would let a SIGTERM that arrives while the
+    interpreter tears down (JAX's runtime takes a moment) kill a run that had finished and saved everything, with
+    the status of a killed process."""
+    _finished[:] = [int(code)]
 
 
 def hold() -> None:

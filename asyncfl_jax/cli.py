@@ -530,20 +530,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)  # a usage error exits with code 2 and argparse's message
     debug = bool(getattr(args, "debug", False))
     installed = args.command == "run" and _signals.install()
+    own_process = argv is None and _signals.is_cli_process()
     try:
         _signals.check()  # a signal received while the package imported
         code = _command(args)
         if code == 0:
             _signals.check()  # a signal recorded after the last check (the handlers only set a flag): never lost
     except SystemExit:
+        if installed:
+            _signals.uninstall()
         raise
     except BaseException as e:  # noqa: BLE001 - the one error boundary of the command
         code = _report(e, args, debug)
-    finally:
-        if installed:
-            _signals.uninstall()
-    if code in (130, 143) and argv is None and _signals.is_cli_process():
+    if code in (130, 143) and own_process:
         _signals.exit_now(code)  # an interrupt may have cut an XLA call short: no finalization (see _signals)
+    if installed and own_process:
+        _signals.finish(code)  # a signal while the interpreter tears down ends it with this code (see _signals)
+    elif installed:
+        _signals.uninstall()
     return code
 
 

@@ -33,18 +33,38 @@ RANDOM = None
 session (the ids stay fixed for pytest-xdist; the drawn values are in the failure message)."""
 
 
-@pytest.mark.parametrize("delay, signum", [(0.5, signal.SIGINT), (1.0, signal.SIGTERM), (2.0, signal.SIGINT),
-                                           (4.0, signal.SIGTERM), (1.0, signal.SIGINT), (2.0, signal.SIGTERM),
-                                           (RANDOM, 1), (RANDOM, 2)])
+def _wait_until_it_catches_sigterm(pid: int, timeout: float = 60.0) -> None:
+    """Waits until process ``pid`` has a handler for SIGTERM (Linux: the ``SigCgt`` mask of /proc/PID/status), i.e.
+    until the package's first lines ran. Before that the interpreter itself is starting, where no Python program
+    can act on a signal; the delays of the test count from this moment (the package's imports follow it). Elsewhere
+    it waits a fixed 0.3 s."""
+    status = f"/proc/{pid}/status"
+    if not os.path.exists(status):
+        time.sleep(0.3)
+        return
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        with open(status) as f:
+            caught = next((line.split()[1] for line in f if line.startswith("SigCgt:")), "0")
+        if int(caught, 16) & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.002)
+    raise AssertionError("the command never installed its SIGTERM handler")
+
+
+@pytest.mark.parametrize("delay, signum", [(0.0, signal.SIGTERM), (0.5, signal.SIGINT), (1.0, signal.SIGTERM),
+                                           (2.0, signal.SIGINT), (4.0, signal.SIGTERM), (1.0, signal.SIGINT),
+                                           (2.0, signal.SIGTERM), (RANDOM, 1), (RANDOM, 2)])
 def test_a_signal_at_any_moment_ends_cleanly(tmp_path, delay, signum):
     if delay is RANDOM:
         rng = random.Random(f"{time.time_ns()}-{signum}")
-        delay, signum = round(rng.uniform(0.05, 3.0), 2), rng.choice([signal.SIGINT, signal.SIGTERM])
+        delay, signum = round(rng.uniform(0.0, 3.0), 2), rng.choice([signal.SIGINT, signal.SIGTERM])
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     command = [sys.executable, "-m", "asyncfl_jax.cli", "run", *TINY, "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-c", LAUNCH, *command], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+    _wait_until_it_catches_sigterm(proc.pid)
     time.sleep(delay)
     proc.send_signal(signum)
     sent = time.perf_counter()
@@ -137,3 +157,26 @@ def test_the_processes_of_a_run_act_on_the_signal_they_agreed_on():
     finally:
         _signals.end_agreement()
         _signals.uninstall()
+
+
+FINISHED = """
+import os, signal, sys, time
+from asyncfl_jax import _signals
+assert _signals.install()
+_signals.finish(int(sys.argv[1]))
+os.kill(os.getpid(), int(sys.argv[2]))
+time.sleep(10)
+sys.exit(99)  # not reached: the signal ended the process with the command's code
+"""
+
+
+@pytest.mark.parametrize("code, signum", [(0, signal.SIGTERM), (2, signal.SIGINT)])
+def test_a_signal_after_the_command_finished_ends_the_process_with_its_code(code, signum):
+    """A SIGTERM while the interpreter tears down after a finished run (its results written) once killed the process
+    with the status of a killed process (-15); the handlers now stay and end it at once with the command's code."""
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", FINISHED, str(code), str(int(signum))], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    assert time.perf_counter() - started < 9, "the signal did not end the process at once"
