@@ -529,6 +529,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)  # a usage error exits with code 2 and argparse's message
     debug = bool(getattr(args, "debug", False))
+    supervised = _supervised_run(args, argv)
+    if supervised is not None:  # a multi-process run: this process only watches its child (asyncfl_jax.supervise)
+        return supervised
     installed = args.command == "run" and _signals.install()
     own_process = argv is None and _signals.is_cli_process()
     try:
@@ -544,6 +547,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _report(e, args, debug)
     if code in (130, 143) and own_process:
         _signals.exit_now(code)  # an interrupt may have cut an XLA call short: no finalization (see _signals)
+    if code == 2 and own_process and _lost_peer:
+        _signals.exit_now(code)  # JAX's shutdown barrier would wait for the lost process, then abort
     if installed and own_process:
         _signals.finish(code)  # a signal while the interpreter tears down ends it with this code (see _signals)
     elif installed:
@@ -565,9 +570,61 @@ def _report(error: BaseException, args: argparse.Namespace, debug: bool) -> int:
         else:
             print(f"asyncfl: interrupted{by} before the run started; nothing was written to {out}", file=sys.stderr)
         return code
+    from asyncfl_jax.supervise import lost_peer_message, peer_failure, who
+
+    if peer_failure(error):  # a collective failed because another process (or the coordinator) is gone
+        _lost_peer.append(True)
+        coordinator, num_processes, process_id = _launch(args)
+        where = who(process_id, num_processes, coordinator)
+        print(f"asyncfl: error: {lost_peer_message(where, str(error).splitlines()[0], _timeout(args), out)}",
+              file=sys.stderr)
+        return 2
     message, code = _describe(error, out)
     print(f"asyncfl: error: {message}", file=sys.stderr)
     return code
+
+
+_lost_peer: list[bool] = []
+
+
+def _launch(args: argparse.Namespace) -> tuple[str | None, int | None, int | None]:
+    """(coordinator, number of processes, process id) of a ``run`` from its options, else the environment."""
+    from asyncfl_jax.distributed import launch_from_env
+
+    try:
+        env = launch_from_env()
+    except ValueError:
+        env = (None, None, None)
+    given = (getattr(args, "coordinator", None), getattr(args, "num_processes", None),
+             getattr(args, "process_id", None))
+    return tuple(g if g is not None else e for g, e in zip(given, env))  # type: ignore[return-value]
+
+
+def _timeout(args: argparse.Namespace) -> float:
+    """The run's ``--coordinator-timeout`` (else ``ASYNCFL_COORDINATOR_TIMEOUT``, else the default)."""
+    from asyncfl_jax.distributed import DEFAULT_TIMEOUT, ENV_TIMEOUT
+
+    if getattr(args, "coordinator_timeout", None) is not None:
+        return float(args.coordinator_timeout)
+    try:
+        return float(os.environ.get(ENV_TIMEOUT) or DEFAULT_TIMEOUT)
+    except ValueError:
+        return DEFAULT_TIMEOUT
+
+
+def _supervised_run(args: argparse.Namespace, argv: Sequence[str] | None) -> int | None:
+    """Runs a multi-process ``asyncfl run`` as a supervised child (:mod:`asyncfl_jax.supervise`) and returns its exit
+    code; None when this process runs the command itself (one process, or already the supervised child)."""
+    from asyncfl_jax.supervise import ENV_SUPERVISED, run_supervised, who
+
+    if args.command != "run" or os.environ.get(ENV_SUPERVISED) == "1" or getattr(args, "print_config", False):
+        return None
+    coordinator, num_processes, process_id = _launch(args)
+    if not (getattr(args, "cluster", False) or (coordinator is not None and (num_processes or 0) > 1)):
+        return None
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out = getattr(args, "resume", None) or getattr(args, "out", None)
+    return run_supervised(argv, who(process_id, num_processes, coordinator), _timeout(args), out)
 
 
 def _describe(error: BaseException, out: str) -> tuple[str, int]:

@@ -143,3 +143,128 @@ def test_a_two_process_run_of_the_command_is_not_refused_by_its_own_lock(tmp_pat
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert "in use by another asyncfl run" not in done.stdout + done.stderr
     assert (out / "metrics.csv").is_file() and not (out / ".asyncfl.lock").exists()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process tree from /proc")
+def test_a_peer_killed_mid_run_without_the_launcher_ends_the_other_with_exit_2(tmp_path):
+    """Two `asyncfl run` processes started by hand; the running process of process 0 (the coordinator) is killed
+    with SIGKILL in the middle of the run. Process 1 ends within the coordinator timeout with exit code 2 and a
+    message naming it and the coordinator, not with JAX's abort and its C++ stack trace (the runtime's fatal error
+    when the coordinator goes; a failed collective, the other way round, is tested on the error boundary below)."""
+    killed = 0
+    port = _free_port()
+    procs, logs = [], []
+    for me in range(2):
+        logs.append(open(tmp_path / f"log{me}", "w+"))
+        command = [sys.executable, "-m", "asyncfl_jax.cli", "run", "--no-progress", "--no-plot", "--model", "logreg",
+                   "--algorithm", "fedbuff", "--set", "data.num_clients=6", "--set", "data.synthetic_max_samples=60",
+                   "--set", "runs.protocol.concurrency=4", "--set", "runs.protocol.buffer_size=1", "--arrivals",
+                   "400000", "--set", "eval_points=800", "--set", "local.steps=1", "--no-checkpoint", "--seeds", "0,1",
+                   "--shard-replicas", "--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id",
+                   str(me), "--coordinator-timeout", "6", "--out", str(tmp_path / "out")]
+        procs.append(subprocess.Popen(command, env={**ENV, "JAX_PLATFORMS": "cpu"}, stdout=logs[me],
+                                      stderr=subprocess.STDOUT, text=True))
+    try:
+        deadline = time.monotonic() + 120
+        while not all("memory budget" in (tmp_path / f"log{me}").read_text() for me in range(2)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                [(tmp_path / f"log{me}").read_text()[-2000:] for me in range(2)]
+            time.sleep(0.2)
+        time.sleep(2)  # the chunks are running
+        workers = [_children(p.pid) for p in procs]  # each command runs the simulation in a supervised child
+        assert all(len(w) == 1 for w in workers), workers
+        os.kill(workers[killed][0], signal.SIGKILL)
+        t0 = time.monotonic()
+        other = procs[1 - killed]
+        other.wait(timeout=90)
+        elapsed = time.monotonic() - t0
+        procs[killed].wait(timeout=30)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    text = (tmp_path / f"log{1 - killed}").read_text()
+    assert other.returncode == 2, text[-3000:]
+    assert f"asyncfl: error: process {1 - killed} of 2 (coordinator localhost:{port}) stopped: another process of " \
+           "the run ended or was killed, or the coordinator (process 0) is gone" in text, text[-3000:]
+    assert "Check failure" not in text and "Terminating process" not in text and "Traceback" not in text, text
+    assert elapsed < 6 + 30, elapsed  # the coordinator timeout, and the slack of a loaded machine
+    assert procs[killed].returncode == 128 + signal.SIGKILL
+    assert not any(_alive(pid) for w in workers for pid in w), "a process was left behind"
+
+
+def test_the_supervisor_turns_the_runtimes_fatal_report_into_exit_2_and_one_message(tmp_path, capfd):
+    """The supervised child (a stand-in printing the XLA runtime's fatal report, then aborting) ends the command with
+    exit code 2 and the message; the report's log lines and stack trace are not shown, the child's own lines are."""
+    from asyncfl_jax import supervise
+
+    fake = tmp_path / "fake.py"
+    fake.write_text(
+        "import os, sys\n"
+        "print('asyncfl: writing to out', file=sys.stderr, flush=True)\n"
+        "sys.stderr.write('E1128 08:21:04.454474   14694 coordination_service_agent.cc:289] Polled an error\\n')\n"
+        "sys.stderr.write('F1128 08:21:04.454 14694 client.h:80] " + supervise.FATAL_MARK + ". absl::Status: "
+        "UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):\\n1\\n"
+        "*** Check failure stack trace: ***\\n    @     0x7fab46640634  absl::LogMessage::SendToLog()\\n')\n"
+        "sys.stderr.flush()\n"
+        "os.abort()\n")
+    code = supervise.run_supervised([], "process 1 of 2 (coordinator localhost:1)", 6, None,
+                                    command=[sys.executable, str(fake)])
+    err = capfd.readouterr().err
+    assert code == 2, err
+    assert "asyncfl: writing to out" in err
+    assert ("asyncfl: error: process 1 of 2 (coordinator localhost:1) stopped: another process of the run ended or "
+            "was killed, or the coordinator (process 0) is gone (UNAVAILABLE: The following tasks are unhealthy "
+            "(stopped sending heartbeats): 1)") in err, err
+    assert "Check failure" not in err and "client.h" not in err and "coordination_service_agent" not in err, err
+
+
+@pytest.mark.parametrize("code", [0, 3, -signal.SIGTERM])
+def test_the_supervisor_passes_the_childs_exit_status_and_output_through(tmp_path, capfd, code):
+    from asyncfl_jax import supervise
+
+    body = f"os.kill(os.getpid(), {-code})" if code < 0 else f"sys.exit({code})"
+    command = [sys.executable, "-c", "import os, sys\nprint('a line', file=sys.stderr)\n"
+               "print('E1128 08:00:00.1 1 coordination_service.cc:1] kept', file=sys.stderr)\n" + body]
+    assert supervise.run_supervised([], "process 0 of 2", 6, None, command=command) == (128 - code if code < 0
+                                                                                          else code)
+    err = capfd.readouterr().err
+    assert "a line" in err and "coordination_service.cc:1] kept" in err and "asyncfl: error" not in err
+
+
+def test_a_collective_that_fails_for_a_lost_peer_is_exit_2_naming_the_process(monkeypatch, capsys):
+    """Process 0 in a collective when process 1 is killed: gloo's error (a JaxRuntimeError) is reported by the
+    command's error boundary as the loss of a peer, exit code 2, not as an internal error."""
+    import argparse
+
+    import jax
+
+    from asyncfl_jax import cli
+
+    class JaxRuntimeError(RuntimeError):
+        pass
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(cli, "_lost_peer", [])
+    args = argparse.Namespace(command="run", coordinator="localhost:4", num_processes=2, process_id=0,
+                              coordinator_timeout=6.0, out=None, resume=None)
+    error = JaxRuntimeError("UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read "
+                            "error [127.0.0.1]:55187: Connection reset by peer")
+    assert cli._report(error, args, debug=False) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("asyncfl: error: process 0 of 2 (coordinator localhost:4) stopped: another process of the "
+                          "run ended or was killed"), err
+    assert "Connection reset by peer" in err and "This is a bug" not in err
+    assert cli._lost_peer  # the command then leaves without JAX's shutdown barrier (which would abort)
+    monkeypatch.setattr(jax, "process_count", lambda: 1)  # one process: no peer to lose, the usual internal error
+    assert cli._report(error, args, debug=False) == 1
