@@ -13,7 +13,10 @@ initialisation: nothing is allocated) and the algorithm's server and per-client 
 - state (device): ``R x (server + clients)`` bytes for ``R`` replicas (seeds x swept points): the algorithm's server
   state (the model, and ``n x d`` caches where there are) and per-client state; the messages in flight are left out
   (compressed uploads may be smaller than float32). The scan carry is double-buffered while a chunk runs, so the
-  state counts twice.
+  state counts twice;
+- activations (device): the layer outputs one local step keeps for the backward pass, ``batch x per example x jobs
+  trained together x replicas computed together`` (:mod:`asyncfl_jax.engine.activations`; where the executor or
+  the replica grouping is chosen automatically, one job and one replica at a time, so the bound holds).
 
 :func:`check_memory` refuses (:class:`MemoryRefusal`, before anything is built) a configuration whose host part
 exceeds 90% of the physical memory or whose device part exceeds 90% of one device's memory, and names the option to
@@ -67,6 +70,7 @@ class MemoryEstimate:
     replicas: int
     params: int
     dominant: dict[str, str] = dataclasses.field(default_factory=dict)
+    activations: int = 0  # local training's activations while a step runs (engine/activations.py)
 
     @property
     def host(self) -> int:
@@ -74,7 +78,7 @@ class MemoryEstimate:
 
     @property
     def device(self) -> int:
-        return 2 * self.state + self.data
+        return 2 * self.state + self.data + self.activations
 
 
 def _example_bytes(shape: tuple[int, ...]) -> int:
@@ -172,15 +176,71 @@ def estimate_memory(cfg: ExperimentConfig) -> MemoryEstimate:
               for run in cfg.runs]
     state, replicas = max(states)
     devices = _devices(cfg)
+    activations = max(_activation_bytes(cfg, run) for run in cfg.runs)
     dominant = {
         "data": "data.num_clients" + (" or data.examples_per_client" if d.partition == "dirichlet_sampled" else ""),
         "schedules": "runs[i].steps or runs[i].arrivals (or the number of seeds)",
         "state": ("the seeds or swept hyper-parameters" if replicas > 1 else "data.num_clients")
                  + ", the model (model.name, model.hidden) or the algorithm's per-client state "
                  "(an option cache='bfloat16' or 'int8' where there is one)",
+        "activations": "local.batch_size, the jobs trained together at a server step (runs[i].protocol.buffer_size"
+                       ", or participants; --job-executor unrolled trains them one at a time) or the replicas "
+                       "computed together (--replica-batch)",
     }
     return MemoryEstimate(data=data, schedules=schedules, state=state // devices, replicas=replicas, params=params,
-                          dominant=dominant)
+                          dominant=dominant, activations=activations)
+
+
+def activations_per_example(cfg: ExperimentConfig) -> int:
+    """Bytes of the layer outputs of the configured model for one example
+    (:func:`~asyncfl_jax.engine.activations.activation_bytes_per_example`)."""
+    _, _, shape, classes = DATASET_SIZES[cfg.data.name]
+    return _activations_per_example(cfg.model.name, shape, classes, tuple(cfg.model.hidden))
+
+
+@functools.lru_cache(maxsize=64)
+def _activations_per_example(name: str, shape: tuple[int, ...], classes: int, hidden: tuple[int, ...]) -> int:
+    import jax
+    import jax.numpy as jnp
+
+    from asyncfl_jax.engine.activations import activation_bytes_per_example
+    from asyncfl_jax.models.core import make_model
+
+    example = jax.ShapeDtypeStruct(shape, jnp.int32 if name == "shakespeare_lstm" else jnp.float32)
+    counted: list[int] = []
+
+    def build() -> Any:  # the model built on abstract values (nothing computed); its forward pass traced
+        model = make_model(name, shape, classes, 0, hidden)
+        counted.append(activation_bytes_per_example(model.flat_apply, model.flat_params, example))
+        return model.flat_params
+
+    jax.eval_shape(build)
+    return counted[0]
+
+
+def _activation_bytes(cfg: ExperimentConfig, run: Any) -> int:
+    """A lower bound of the activations of one local step of ``run``, all jobs and replicas trained together
+    (:func:`~asyncfl_jax.engine.activations.local_step_activation_bytes`): the batch (``local.batch_size``, or a
+    client's mean number of training examples for full batch), the jobs of a server step the executor trains at
+    once (one at a time for ``auto``, which may choose ``unrolled``), and the replicas computed together (all of them
+    only where that is known: ``replica_batch``, or an accelerator without ``replica_batch``; else one)."""
+    import jax
+
+    from asyncfl_jax.engine.activations import jobs_in_parallel, local_step_activation_bytes
+
+    d = cfg.data
+    train = DATASET_SIZES[d.name][0]
+    batch = cfg.local.batch_size or (max(1, train // d.num_clients) if train else 1)
+    p = run.protocol
+    jobs = p.arrivals_per_step(d.num_clients) if p.aggregation == "count" else 1
+    replicas = _replicas(cfg, run)
+    if cfg.replica_batch is not None:
+        replicas = min(replicas, cfg.replica_batch)
+    elif jax.default_backend() == "cpu" and not (cfg.shard_replicas or cfg.shard_clients):
+        replicas = 1  # grouped automatically on a CPU (engine/replica_groups.py): possibly one at a time
+    replicas = -(-replicas // _devices(cfg))
+    return local_step_activation_bytes(activations_per_example(cfg), batch, jobs_in_parallel(cfg.job_executor, jobs),
+                                       replicas)
 
 
 def _devices(cfg: ExperimentConfig) -> int:
@@ -206,9 +266,11 @@ def check_memory(cfg: ExperimentConfig, estimate: MemoryEstimate | None = None) 
                             f"runs (data {format_bytes(est.data)}, schedules {format_bytes(est.schedules)}) but the "
                             f"machine has {format_bytes(host)}: lower {est.dominant[part]}")
     if device and est.device > FRACTION * device:
-        part = "data" if est.data >= 2 * est.state else "state"
+        parts = {"data": est.data, "state": 2 * est.state, "activations": est.activations}
+        part = max(parts, key=parts.get)
         raise MemoryRefusal(f"this configuration needs at least {format_bytes(est.device)} of device memory (twice "
                             f"the simulation state of {format_bytes(est.state)} for {est.replicas} replica(s) of a "
-                            f"model of {est.params} parameters, plus {format_bytes(est.data)} of data) but the device "
+                            f"model of {est.params} parameters, plus {format_bytes(est.data)} of data, plus "
+                            f"{format_bytes(est.activations)} of activations of a local training step) but the device "
                             f"has {format_bytes(device)}: lower {est.dominant[part]}")
     return est

@@ -36,6 +36,8 @@ class MemoryBudget:
       device_state: bytes of the state the most loaded device holds (its shards and the replicated leaves);
         ``None``: all of it (one device).
       shared_memory: the devices share one memory (host devices of a CPU), so ``available`` holds all of them.
+      activations: the layer outputs one local step keeps for the backward pass, on the most loaded device
+        (:mod:`asyncfl_jax.engine.activations`: batch x per example x jobs and replicas trained together).
     """
 
     server: int
@@ -47,6 +49,7 @@ class MemoryBudget:
     devices: int = 1
     device_state: int | None = None
     shared_memory: bool = False
+    activations: int = 0
 
     @property
     def state(self) -> int:
@@ -54,7 +57,7 @@ class MemoryBudget:
 
     @property
     def total(self) -> int:
-        return self.state + self.data
+        return self.state + self.data + self.activations
 
     @property
     def state_per_device(self) -> int:
@@ -63,16 +66,18 @@ class MemoryBudget:
 
     @property
     def per_device(self) -> int:
-        """Bytes one device holds: its share of the state and a copy of the data."""
-        return self.state_per_device + self.data
+        """Bytes one device holds: its share of the state, a copy of the data and its local step's activations."""
+        return self.state_per_device + self.data + self.activations
 
     def describe(self) -> str:
         room = f" of {_gib(self.available)} available" if self.available else ""
         text = (f"memory budget {_gib(self.total)}{room}: state {_gib(self.state)} for {self.replicas} replica(s) "
                 f"(server {_gib(self.server)}, clients {_gib(self.clients)}, in-flight messages "
-                f"{_gib(self.pending)}), data {_gib(self.data)}")
+                f"{_gib(self.pending)}), data {_gib(self.data)}, activations of a local step "
+                f"{_gib(self.activations)}")
         if self.devices > 1:
-            text += f"; over {self.devices} devices: {_gib(self.per_device)} per device (state share and data)"
+            text += (f"; over {self.devices} devices: {_gib(self.per_device)} per device (state share, data and "
+                     "activations)")
         return text
 
     def check(self, fraction: float = 0.9) -> None:
@@ -85,17 +90,25 @@ class MemoryBudget:
         checks it for ACE's and CA2FL's ``n x d`` caches). What this cannot see (local training's activations, the
         lookahead buffer) is checked on XLA's own analysis of the compiled chunk (:func:`check_compiled`)."""
         state = self.state_per_device
-        needed = state + self.data
+        needed = state + self.data + self.activations
         where = "the device has"
         if self.devices > 1:
             where = f"each of the {self.devices} devices has"
             if self.shared_memory:  # host devices of one CPU: all their shares in one memory
                 needed, where = self.devices * needed, f"the {self.devices} devices share"
         if self.available and needed > fraction * self.available:
+            if self.activations > state + self.data:
+                raise MemoryRefusal(
+                    f"this run needs about {_gib(needed)}: the activations of a local training step take "
+                    f"{_gib(self.activations)} (the batch x the layer outputs of one example x the jobs and replicas "
+                    f"trained together), the state {_gib(state)} and the data {_gib(self.data)}, but {where} "
+                    f"{_gib(self.available)}: lower local.batch_size, train fewer jobs at a time (job_executor "
+                    "'unrolled' or 'grouped:G'; a smaller buffer_size) or fewer replicas together (replica_batch)")
             raise MemoryRefusal(
                 f"this run needs about {_gib(needed)} (the simulation state of {_gib(state)}"
                 f"{' per device' if self.devices > 1 else ''}, plus {_gib(self.data)} of data"
-                f"{' on each device' if self.devices > 1 else ''}) but {where} {_gib(self.available)}: use fewer "
+                f"{' on each device' if self.devices > 1 else ''}, plus {_gib(self.activations)} of activations of "
+                f"a local step) but {where} {_gib(self.available)}: use fewer "
                 "replicas or clients, a smaller per-client cache (an algorithm option cache='bfloat16' or 'int8'), "
                 "or spread the per-client state over several accelerators (shard_clients)"
             )
@@ -103,7 +116,8 @@ class MemoryBudget:
     def as_dict(self) -> dict[str, Any]:
         return {"server_bytes": self.server, "clients_bytes": self.clients, "pending_bytes": self.pending,
                 "data_bytes": self.data, "replicas": self.replicas, "available_bytes": self.available,
-                "devices": self.devices, "device_state_bytes": self.device_state}
+                "devices": self.devices, "device_state_bytes": self.device_state,
+                "activations_bytes": self.activations}
 
 
 def format_bytes(nbytes: int | None) -> str:

@@ -188,7 +188,10 @@ class Run:
 
     def budget(self) -> MemoryBudget:
         """The memory the run's state and data need (per device when placed over several)."""
-        return memory_budget(self.carry_shape, self.placed.data, len(self.replicas), self.placed.carry)
+        from asyncfl_jax.engine.activations import run_activation_bytes  # noqa: PLC0415
+
+        return dataclasses.replace(memory_budget(self.carry_shape, self.placed.data, len(self.replicas),
+                                                 self.placed.carry), activations=run_activation_bytes(self))
 
 
 def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None = None,
