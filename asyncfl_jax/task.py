@@ -255,6 +255,31 @@ def check_make_task(dataset: Any, parts: Any, model: Any, train_eval_size: Any, 
         raise TypeError(f"loss must be None, 'classification', 'regression' or a Loss, {_got(loss)}")
 
 
+def check_parts_in_range(parts: Sequence[Any], num_examples: int) -> None:
+    """Refuses (``ValueError`` naming ``parts[i]``) an example index outside the training split ``0..N-1``."""
+    for i, part in enumerate(parts):
+        array = np.asarray(part)
+        bad = array[(array < 0) | (array >= num_examples)]
+        if bad.size:
+            raise ValueError(f"parts[{i}] holds the example index {int(bad[0])}, outside the training split's "
+                             f"{num_examples} examples (indices 0..{num_examples - 1})")
+
+
+def check_model_accepts(model: Model, dataset: Dataset) -> None:
+    """Refuses (``ValueError`` naming ``model``) a model that cannot be applied to the dataset's examples (another
+    input shape), found by tracing it on one abstract example (``jax.eval_shape``: nothing is computed), before
+    anything is built or compiled."""
+    shape = tuple(np.shape(dataset.train_x)[1:])
+    example = jax.ShapeDtypeStruct((1, *shape), jnp.float32)
+    try:
+        jax.eval_shape(model.flat_apply, model.flat_params, example)
+    except Exception as e:  # noqa: BLE001 - any failure of the trace is this mismatch; its text says which
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ValueError(f"model {model.name!r} cannot be applied to the examples of dataset {dataset.name!r} (shape "
+                         f"{shape}): {first}; build the model for this input shape, e.g. make_model(name, "
+                         "dataset.input_shape, dataset.num_classes)") from None
+
+
 def make_task(
     dataset: Dataset,
     parts: Sequence[np.ndarray],
@@ -287,6 +312,8 @@ def make_task(
     check_make_task(dataset, parts, model, train_eval_size, seed, client_test_fraction, validation_fraction,
                     eval_clients, loss)
     check_parameters(model.init_params, "make_task: the model")  # a Model built by hand: no BatchNorm statistics
+    check_parts_in_range(parts, len(dataset.train_x))
+    check_model_accepts(model, dataset)
     loss = get_loss(loss, dataset.train_y)
     client_test_fraction = _check_fraction("client_test_fraction", client_test_fraction)
     validation_fraction = _check_fraction("validation_fraction", validation_fraction)

@@ -105,3 +105,24 @@ def test_an_exploding_replica_is_flagged_as_diverged(parts):
                          progress=False, hparams={"client_lr": [0.05, 1e30]})
     assert h.diverged_at[0] == -1 and h.diverged_at[1] >= 0
     assert DIVERGENCE_BOUND == 1e10
+
+
+@pytest.mark.parametrize("case, message", [
+    ("index past the end", r"parts\[1\] holds the example index 100000, outside the training split's \d+ examples"),
+    ("negative index", r"parts\[0\] holds the example index -1, outside the training split"),
+    ("model for another input", r"model 'logreg' cannot be applied to the examples of dataset 'synthetic' "
+                                r"\(shape \(60,\)\)"),
+])
+def test_make_task_refuses_values_of_the_right_type_that_cannot_work(parts, case, message):
+    """Values the type checks let through: an example index outside the training split (was an IndexError from
+    NumPy), a model built for another input shape (was accepted, then failed while the run was traced)."""
+    ds, model, task, schedule = parts
+    split = [np.asarray(p) for p in ds.natural_partition]
+    if case == "index past the end":
+        split[1] = np.append(split[1], 100_000)
+    elif case == "negative index":
+        split[0] = np.append(split[0], -1)
+    else:
+        model = afl.make_model("logreg", (7,), ds.num_classes)
+    with pytest.raises(ValueError, match=message):
+        afl.make_task(ds, split, model)
