@@ -314,12 +314,14 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         if args.normalization is not None:
             run.setdefault("options", {})["normalization"] = args.normalization
         for item in args.option:
-            if "=" not in item:
+            if "=" not in item or not item.split("=", 1)[0].strip():
                 raise ConfigError(f"invalid option --option = {item!r}: expected NAME=VALUE")
             name, text = (part.strip() for part in item.split("=", 1))
             run.setdefault("options", {})[name] = parse_value(text)
+        _refuse_repeated_names("--option", args.option)
+        _refuse_repeated_names("--hparam", args.hparam)
         for item in args.hparam:
-            if "=" not in item:
+            if "=" not in item or not item.split("=", 1)[0].strip():
                 raise ConfigError(f"invalid option --hparam = {item!r}: expected NAME=VALUE[,VALUE...]")
             name, text = item.split("=", 1)
             try:
@@ -404,6 +406,19 @@ def _absolute_paths(raw: dict[str, Any]) -> None:
     for key in ("device_trace", "fedscale_capacity", "fedscale_behavior"):  # device-trace files (timing.traces)
         if isinstance(delays, dict) and isinstance(delays.get(key), str) and delays[key].strip():
             delays[key] = os.path.abspath(delays[key])
+
+
+def _refuse_repeated_names(flag: str, items: Sequence[str]) -> None:
+    """Refuses (ConfigError) a ``NAME=VALUE`` flag given twice for one name: only one value would be kept (a sweep is
+    ``NAME=V1,V2`` in one flag)."""
+    seen: dict[str, str] = {}
+    for item in items:
+        name = item.split("=", 1)[0].strip()
+        if name in seen:
+            hint = f"; to sweep it write {flag} {name}=V1,V2" if flag == "--hparam" else ""
+            raise ConfigError(f"invalid option {flag}: {name!r} is given twice ({seen[name]!r} and {item!r}) and only "
+                              f"one value would be kept: give it once{hint}")
+        seen[name] = item
 
 
 def config_from_argv(argv: Sequence[str]) -> ExperimentConfig:

@@ -118,6 +118,11 @@ def test_the_initialization_is_checked_with_xla_memory_analysis_before_it_runs(m
     (["--hparam", "client_lr=0.1,,0.2"], "invalid option --hparam client_lr = '0.1,,0.2': values must be numbers "
                                          "separated by commas, without an empty item"),
     (["--hparam", "client_lr=0.1,"], "without an empty item"),
+    (["--hparam", "client_lr=0.1", "--hparam", "client_lr=0.2"], "invalid option --hparam: 'client_lr' is given "
+                                                                 "twice ('client_lr=0.1' and 'client_lr=0.2')"),
+    (["--option", "staleness=hinge", "--option", "staleness=constant"], "invalid option --option: 'staleness' is "
+                                                                         "given twice"),
+    (["--hparam", "=0.1"], "invalid option --hparam = '=0.1': expected NAME=VALUE"),
     (["--seeds", "0,,1"], "invalid option --seeds = '0,,1': must be comma-separated integers, without an empty"),
     (["--tensorboard", ""], "invalid option --tensorboard = '': give a folder for the event files"),
     (["--config", "{tmp}/twice.json"], "the key 'num_clients' appears twice in one object"),
