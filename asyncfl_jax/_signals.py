@@ -23,6 +23,7 @@ Only the standard library is used here, so that the package can install the hand
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -107,6 +108,21 @@ def finish(code: int) -> None:
     interpreter tears down (JAX's runtime takes a moment) kill a run that had finished and saved everything, with
     the status of a killed process."""
     _finished[:] = [int(code)]
+
+
+def _ignore_once_finished() -> None:
+    """At exit, after the other ``atexit`` functions (this one is registered before JAX is imported, and they run
+    last registered first): a finished command's SIGINT and SIGTERM are ignored from here to the end of the
+    process. The interpreter's finalization gives every signal with a Python handler back its default action
+    (``_PySignal_Fini``) before the XLA runtime has torn down, and a SIGTERM in that window would kill the finished
+    run with the status of a killed process (-15)."""
+    if _finished:
+        for signum in SIGNALS:
+            if signal.getsignal(signum) is _on_signal:
+                signal.signal(signum, signal.SIG_IGN)
+
+
+atexit.register(_ignore_once_finished)
 
 
 def hold() -> None:

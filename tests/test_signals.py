@@ -180,3 +180,31 @@ def test_a_signal_after_the_command_finished_ends_the_process_with_its_code(code
                           text=True, timeout=60)
     assert proc.returncode == code, (proc.returncode, proc.stderr)
     assert time.perf_counter() - started < 9, "the signal did not end the process at once"
+
+
+LATE = """
+import os, signal, sys, time
+from asyncfl_jax import _signals
+assert _signals.install()
+_signals.finish(int(sys.argv[1]))
+
+
+class Late:  # deleted with the module's globals, after the interpreter gave the signals their default actions
+    def __del__(self, kill=os.kill, pid=os.getpid(), sleep=time.sleep, term=signal.SIGTERM):
+        kill(pid, term)
+        sleep(0.5)
+
+
+late = Late()
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("code", [0, 2])
+def test_a_signal_in_the_last_moments_of_the_teardown_does_not_kill_a_finished_command(code):
+    """The interpreter's finalization gives the signals with Python handlers their default actions before the XLA
+    runtime has torn down; a SIGTERM in that window killed a finished run with -15 (seen 0.2-0.4 s after its last
+    line). A finished command's signals are ignored from the end of the atexit functions on."""
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", LATE, str(code)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
