@@ -546,6 +546,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(getattr(args, "debug", False))
     supervised = _supervised_run(args, argv)
     if supervised is not None:  # a multi-process run: this process only watches its child (asyncfl_jax.supervise)
+        if argv is None and _signals.is_cli_process():
+            _signals.exit_now(supervised)  # it holds nothing to tear down; a late signal cannot change its status
         return supervised
     installed = args.command == "run" and _signals.install()
     own_process = argv is None and _signals.is_cli_process()
