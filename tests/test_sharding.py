@@ -50,6 +50,40 @@ SCRIPT = textwrap.dedent(
     else:
         raise AssertionError("2 replicas on 4 devices should be refused")
     print("replicas sharded == single device")
+
+    # the unrolled executor (a CNN on CPU) with shard_jobs: each device trains its part of the jobs one by one
+    # (a shard_map); 7 jobs over 4 devices, one padded; then a whole run with a convolution equals one device
+    import jax.numpy as jnp
+    import flax.linen as nn
+    from asyncfl_jax.engine.executors import UnrolledJobs, VmapJobs, make_job_executor
+    from asyncfl_jax.models.conv import conv_general_dilated
+    from asyncfl_jax.models.core import model_from_flax
+    fn = lambda x, c, k: jnp.sin(x * c + k)
+    x, c, k = jnp.arange(3.0), jnp.arange(7.0), jnp.arange(7.0) / 3
+    split = make_job_executor("unrolled", None, None, shards=4)
+    assert isinstance(split, UnrolledJobs) and split.shards == 4, split
+    np.testing.assert_allclose(jax.jit(lambda *a: split.map(fn, (None, 0, 0), *a))(x, c, k),
+                               VmapJobs().map(fn, (None, 0, 0), x, c, k), rtol=1e-6)
+
+    class TinyCNN(nn.Module):  # the 60 features of each example as a 6 x 10 image
+        @nn.compact
+        def __call__(self, x):
+            x = x.reshape((x.shape[0], 6, 10, 1))
+            x = nn.relu(nn.Conv(2, (3, 3), padding="SAME", conv_general_dilated=conv_general_dilated)(x))
+            return nn.Dense(data.num_classes)(x.reshape((x.shape[0], -1)))
+
+    from asyncfl_jax.engine import prepare_run
+    from asyncfl_jax.engine.placement import make_placement
+    cnn = model_from_flax(TinyCNN(), jnp.zeros((1, *data.input_shape)), name="tiny_cnn")
+    task = make_task(data, data.natural_partition, cnn)
+    local = LocalConfig(steps=2, batch_size=8)
+    run = prepare_run(task, fedbuff(), schedule, local, placement=make_placement(shard_jobs=True))
+    assert run.job_executor == "unrolled" and run.program.trainer.executor.shards == 4, run.program.trainer.executor
+    kw = dict(local=local, seeds=[0], eval_every=10, progress=False)
+    one = simulate(task, fedbuff(), schedule, **kw)
+    spread = simulate(task, fedbuff(), schedule, shard_jobs=True, **kw)
+    np.testing.assert_allclose(spread.final_params, one.final_params, rtol=1e-5, atol=1e-6)
+    print("unrolled jobs sharded == single device")
     """
 )
 

@@ -81,13 +81,15 @@ class GroupedJobs:
 class UnrolledJobs:
     """The jobs written out one after another (a trace-time loop over the jobs).
 
-    With ``shards = D > 1`` (``shard_jobs`` over ``D`` devices; ``constrain`` places an array's leading axis over
-    them) the jobs are split into ``D`` equal parts (padded with copies of the first job, whose results are
-    dropped), the parts vmapped along an axis placed over the devices, and each part's jobs written out one after
-    another: each device trains its own jobs one by one, with dense convolutions."""
+    With ``shards = D > 1`` (``shard_jobs`` over the ``D`` devices of ``mesh``, its one axis named ``"jobs"``) the
+    jobs are split into ``D`` equal parts (padded with copies of the first job, whose results are dropped) and each
+    device trains its own part one job after another inside a ``shard_map`` over the mesh: every convolution is a
+    dense one on its device's thread. (An earlier form vmapped the parts along an axis placed over the devices: each
+    convolution became a grouped convolution over the parts' kernels, which XLA:CPU's partitioner did not split, so
+    it ran 10x slower than one device; docs/benchmarks.md, "shard_jobs for the CNN".)"""
 
     shards: int = 1
-    constrain: Callable[[jax.Array], jax.Array] | None = None
+    mesh: Any = None
     name = "unrolled"
 
     def map(self, fn: Callable[..., Any], in_axes: Sequence[int | None], *args: Any) -> Any:
@@ -99,18 +101,20 @@ class UnrolledJobs:
         return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *outs)
 
     def _sharded(self, fn: Callable[..., Any], in_axes: Sequence[int | None], *args: Any) -> Any:
+        from jax.sharding import PartitionSpec
+
         width, parts = _width(in_axes, args), self.shards
-        per_part = -(-width // parts)
-        place = self.constrain or (lambda a: a)
+        padded_width = -(-width // parts) * parts
 
-        def split(a: jax.Array) -> jax.Array:
-            padded = jnp.concatenate([a, jnp.repeat(a[:1], per_part * parts - width, axis=0)])
-            return place(padded.reshape(parts, per_part, *a.shape[1:]))
+        def pad(a: jax.Array) -> jax.Array:
+            return jnp.concatenate([a, jnp.repeat(a[:1], padded_width - width, axis=0)]) if padded_width > width else a
 
-        split_args = [arg if axis is None else jax.tree_util.tree_map(split, arg) for axis, arg in zip(in_axes, args)]
+        padded = [arg if axis is None else jax.tree_util.tree_map(pad, arg) for axis, arg in zip(in_axes, args)]
+        specs = tuple(PartitionSpec() if axis is None else PartitionSpec("jobs") for axis in in_axes)
         one_part = UnrolledJobs()
-        out = jax.vmap(lambda *a: one_part.map(fn, in_axes, *a), in_axes=tuple(in_axes))(*split_args)
-        return jax.tree_util.tree_map(lambda o: place(o).reshape(parts * per_part, *o.shape[2:])[:width], out)
+        out = jax.shard_map(lambda *a: one_part.map(fn, in_axes, *a), mesh=self.mesh, in_specs=specs,
+                            out_specs=PartitionSpec("jobs"), check_vma=False)(*padded)
+        return jax.tree_util.tree_map(lambda o: o[:width], out)
 
 
 JobExecutor = VmapJobs | GroupedJobs | UnrolledJobs
@@ -167,8 +171,10 @@ def auto_executor(backend: str, kind: str) -> JobExecutor:
 def make_job_executor(spec: str | JobExecutor, model: Any, example: jax.Array, backend: str | None = None,
                       shards: int = 1, constrain: Callable[[jax.Array], jax.Array] | None = None) -> JobExecutor:
     """The executor ``spec`` asks for; ``"auto"`` chooses from ``backend`` (default ``jax.default_backend()``) and
-    the model (``example``: one batch of inputs). ``shards``: the devices the jobs are spread over (``shard_jobs``),
-    with ``constrain`` placing an array's leading axis over them (see :class:`UnrolledJobs`)."""
+    the model (``example``: one batch of inputs). ``shards``: the devices the jobs are spread over (``shard_jobs``:
+    every device, as :func:`~asyncfl_jax.engine.placement.job_sharding` lays them out; see :class:`UnrolledJobs`).
+    ``constrain`` (the placement's job constraint) is accepted for the callers' sake; the unrolled executor places
+    its parts with the mesh itself."""
     spec = parse_job_executor(spec)
     if spec == "vmap":
         spec = VmapJobs()
@@ -176,6 +182,12 @@ def make_job_executor(spec: str | JobExecutor, model: Any, example: jax.Array, b
         spec = UnrolledJobs()
     elif spec == "auto":
         spec = auto_executor(backend or jax.default_backend(), model_kind(model, example))
+    del constrain
     if isinstance(spec, UnrolledJobs) and shards > 1:
-        return UnrolledJobs(shards, constrain)
+        from asyncfl_jax.engine.placement import job_sharding
+
+        mesh = job_sharding().mesh
+        if mesh.size != shards:
+            raise ValueError(f"shard_jobs over {shards} devices, but the job mesh has {mesh.size}")
+        return UnrolledJobs(shards, mesh)
     return spec
