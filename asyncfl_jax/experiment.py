@@ -34,6 +34,7 @@ from asyncfl_jax.config import ConfigError, ExperimentConfig, RunConfig, algorit
 from asyncfl_jax.data.partition import partition as split_clients
 from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.engine import simulate
+from asyncfl_jax.engine.options import EngineOptions
 from asyncfl_jax.models.core import make_model
 from asyncfl_jax.preflight import check_memory
 from asyncfl_jax.results import (
@@ -196,20 +197,13 @@ def run_experiment(
         eval_every=cfg.eval_every_for(schedules[0].num_steps),
         progress=progress,
         label=run.name,
-        shard_jobs=cfg.shard_jobs,
-        shard_replicas=cfg.shard_replicas,
-        shard_clients=cfg.shard_clients,
-        lookahead=1 if run.protocol.name == "event_clock" else cfg.lookahead,  # the clock trains at arrival anyway
-        replica_batch=cfg.replica_batch,
-        job_executor=cfg.job_executor,
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every if checkpoint_dir is not None else None,
         checkpoint_interval=checkpoint_interval if checkpoint_dir is not None else None,
         final_checkpoint=final_checkpoint,
         resume=resume,
         callbacks=callbacks,
-        precision=cfg.precision,
-        trajectory=cfg.trajectory,
+        **EngineOptions.from_config(cfg).for_run(run.protocol.name == "event_clock").as_keywords(),
     )
 
 
@@ -590,7 +584,7 @@ def run_config(
     validate(cfg)
     cfg = resolve(cfg)  # config.json holds every default
     processes = distributed.process_count()
-    if processes > 1 and not (cfg.shard_replicas or cfg.shard_clients):
+    if processes > 1 and not EngineOptions.from_config(cfg).placement.splits_state:
         raise ConfigError(f"this run spans {processes} processes (jax.distributed): set shard_replicas or "
                           "shard_clients (--shard-replicas, --shard-clients) to split it between them")
     check_memory(cfg)  # what cannot fit is refused before any data or schedule is built

@@ -185,7 +185,9 @@ def estimate_memory(cfg: ExperimentConfig) -> MemoryEstimate:
 
 def _devices(cfg: ExperimentConfig) -> int:
     """Devices the state is spread over (shard_replicas / shard_clients), else 1."""
-    if not (cfg.shard_replicas or cfg.shard_clients):
+    from asyncfl_jax.engine.options import EngineOptions
+
+    if not EngineOptions.from_config(cfg).placement.splits_state:
         return 1
     import jax
 
