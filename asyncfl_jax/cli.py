@@ -721,15 +721,12 @@ def _command(args: argparse.Namespace) -> int:
         check_config(cfg, explicit_from_cli(args))  # a flag given for runs that do not read it
         print(json.dumps(resolve(cfg).to_dict(), indent=2))
         return 0
-    validate(cfg)
-    check_config(cfg, explicit_from_cli(args))
-    cfg = resolve(cfg)
+    from asyncfl_jax.experiment import prepare_experiment
+
     _check_checkpoint_options(args)
+    cfg = prepare_experiment(cfg, explicit_from_cli(args))  # the checks run_config makes, before any folder is made
     if cfg.output is not None:
         _check_out_path(cfg.output)
-    from asyncfl_jax.preflight import check_memory
-
-    check_memory(cfg)  # from the configuration alone, before any data or schedule is built
     if cfg.output is None:  # a new folder for this run (made now, so that it is this run's alone)
         from asyncfl_jax.experiment import new_output
 

@@ -17,7 +17,7 @@ import os
 from typing import Any, Mapping
 
 from asyncfl_jax.algorithms import REGISTRY, get_algorithm
-from asyncfl_jax.algorithms.defaults import EVAL_POINTS, RUN_DEFAULTS, eval_every_for
+from asyncfl_jax.algorithms.defaults import EVAL_POINTS, RUN_DEFAULTS, eval_every_for, run_hparam_defaults
 from asyncfl_jax.engine.options import EngineOptions, OptionError
 from asyncfl_jax.errors import InputError
 from asyncfl_jax.option_rules import UnreadOption, check_config
@@ -456,13 +456,12 @@ def resolve(cfg: ExperimentConfig) -> ExperimentConfig:
 
 def algorithm_defaults(run: RunConfig, hyperparams: Mapping[str, float], num_clients: int) -> dict[str, float]:
     """The run's defaults of the algorithm's own hyper-parameters ``hyperparams`` (the local-training ones belong to
-    the ``local`` section): the algorithm's values, except delay-adaptive ASGD's ``tau_c`` = the run's concurrency."""
+    the ``local`` section): the algorithm's values, those that follow the run (delay-adaptive ASGD's ``tau_c`` = the
+    run's concurrency) as :func:`~asyncfl_jax.algorithms.defaults.run_hparam_defaults` says."""
     from asyncfl_jax.client import LOCAL_HPARAMS
 
     defaults = {k: v for k, v in hyperparams.items() if k not in LOCAL_HPARAMS}
-    if "tau_c" in defaults:
-        defaults["tau_c"] = float(run_concurrency(run, num_clients))  # tau_C = Mc (ACE digest)
-    return defaults
+    return run_hparam_defaults(defaults, run_concurrency(run, num_clients))
 
 
 def run_concurrency(run: RunConfig, num_clients: int) -> int:

@@ -36,6 +36,7 @@ from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.engine import simulate
 from asyncfl_jax.engine.options import EngineOptions
 from asyncfl_jax.models.core import make_model
+from asyncfl_jax.option_rules import check_config
 from asyncfl_jax.preflight import check_memory
 from asyncfl_jax.results import (
     History,
@@ -549,6 +550,25 @@ def new_output(cfg: ExperimentConfig) -> str:
     return folder
 
 
+def prepare_experiment(cfg: ExperimentConfig, explicit: Sequence[str] = ()) -> ExperimentConfig:
+    """The checks every experiment passes before anything is built, written once for ``asyncfl run`` and
+    :func:`run_config`: every option (:func:`~asyncfl_jax.config.validate`, dataset files included; ``explicit``:
+    the option keys the command line gave, refused when no run reads them), a run over several processes spread
+    over them, and the memory preflight (:func:`~asyncfl_jax.preflight.check_memory`). Returns the configuration
+    with every default written out (:func:`~asyncfl_jax.config.resolve`), as ``config.json`` holds it; a resolved
+    configuration passes unchanged."""
+    validate(cfg)
+    if explicit:
+        check_config(cfg, explicit)  # a flag given for runs that do not read it
+    cfg = resolve(cfg)
+    processes = distributed.process_count()
+    if processes > 1 and not EngineOptions.from_config(cfg).placement.splits_state:
+        raise ConfigError(f"this run spans {processes} processes (jax.distributed): set shard_replicas or "
+                          "shard_clients (--shard-replicas, --shard-clients) to split it between them")
+    check_memory(cfg)  # what cannot fit is refused before any data or schedule is built
+    return cfg
+
+
 def run_config(
     cfg: ExperimentConfig,
     progress: bool = True,
@@ -581,13 +601,7 @@ def run_config(
     other; e.g. a :class:`~asyncfl_jax.engine.callbacks.TensorBoardLogger`). Messages (memory budgets, reused runs)
     go to the ``asyncfl_jax`` logger at INFO.
     """
-    validate(cfg)
-    cfg = resolve(cfg)  # config.json holds every default
-    processes = distributed.process_count()
-    if processes > 1 and not EngineOptions.from_config(cfg).placement.splits_state:
-        raise ConfigError(f"this run spans {processes} processes (jax.distributed): set shard_replicas or "
-                          "shard_clients (--shard-replicas, --shard-clients) to split it between them")
-    check_memory(cfg)  # what cannot fit is refused before any data or schedule is built
+    cfg = prepare_experiment(cfg)  # config.json holds every default
     checkpointing = write and checkpoints
     files = write and distributed.is_primary()  # checkpoints: every process (its shards); other files: process 0
     try:
