@@ -702,6 +702,8 @@ def _check_leaf_files(name: str, path: str | None) -> None:
 
 
 def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
+    """One run: its algorithm, options and hyper-parameters, its protocol (:func:`_validate_protocol`), its
+    schedule files and its length."""
     n = cfg.data.num_clients
     _check_choice(f"{prefix}.algorithm", run.algorithm, sorted(REGISTRY))
     if run.label is not None and (not isinstance(run.label, str) or not run.label.strip()):
@@ -724,6 +726,26 @@ def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
         check_hparam(f"{prefix}.hparams.{name}", name, value)
     del resolved
 
+    _validate_protocol(prefix, run, n)
+
+    if run.schedule_files is not None:
+        _validate_schedule_files(prefix, run, cfg)
+        if run.steps is None and run.arrivals is None:
+            return
+    if (run.steps is None) == (run.arrivals is None):
+        _fail(f"{prefix}.steps/arrivals", (run.steps, run.arrivals), "give exactly one of steps or arrivals")
+    if run.steps is not None:
+        _check_int(f"{prefix}.steps", run.steps, 1)
+    else:
+        _check_int(f"{prefix}.arrivals", run.arrivals, 1)
+        per_step = run.protocol.arrivals_per_step(n)
+        if run.arrivals < per_step:
+            _fail(f"{prefix}.arrivals", run.arrivals, f"must be >= the arrivals of one step ({per_step})")
+
+
+def _validate_protocol(prefix: str, run: RunConfig, n: int) -> None:
+    """A run's protocol (``n`` clients): its name and fields, the server clock's period or rate, and what the
+    protocol or the algorithm cannot be combined with."""
     p = run.protocol
     _check_choice(f"{prefix}.protocol.name", p.name, PROTOCOLS)
     if p.name == "concurrent":
@@ -770,19 +792,6 @@ def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
             _fail(f"{prefix}.protocol.participants", p.participants, f"must be <= data.num_clients ({n})")
     if run.algorithm == "fedavg" and p.name != "synchronous":
         _fail(f"{prefix}.protocol.name", p.name, "fedavg is synchronous: use protocol 'synchronous'")
-
-    if run.schedule_files is not None:
-        _validate_schedule_files(prefix, run, cfg)
-        if run.steps is None and run.arrivals is None:
-            return
-    if (run.steps is None) == (run.arrivals is None):
-        _fail(f"{prefix}.steps/arrivals", (run.steps, run.arrivals), "give exactly one of steps or arrivals")
-    if run.steps is not None:
-        _check_int(f"{prefix}.steps", run.steps, 1)
-    else:
-        _check_int(f"{prefix}.arrivals", run.arrivals, 1)
-        if run.arrivals < p.arrivals_per_step(n):
-            _fail(f"{prefix}.arrivals", run.arrivals, f"must be >= the arrivals of one step ({p.arrivals_per_step(n)})")
 
 
 def _validate_schedule_files(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:

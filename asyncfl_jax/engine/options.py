@@ -15,8 +15,9 @@ the float precision and the trajectory. Every entry point reads the options from
 An option is a field made by :func:`option`: its default, its rule (a function of the value that returns the value
 or raises :class:`OptionError` with what is allowed, written in JSON words: ``true``, ``false``, ``null``), its flag's
 help and, when it enters a checkpoint's identity, how. Rules that involve two options (:data:`COMBINATIONS`) are
-written here too. Adding an option is then a field here and its use in the one engine module that reads it (a test,
-``tests/test_architecture.py``, checks that each option is named in at most two modules of the package).
+written here too. Adding an option is then a field here and its use in the engine module that implements it: the
+modules it used to be threaded through (the command line, the configuration, the experiment driver, ``simulate``,
+the memory preflight, the checkpoint identity) name no option (``tests/test_engine_options.py`` checks it).
 
 Error dialects: the Python API raises :class:`OptionError` (a ``ValueError`` and a ``TypeError``) worded
 ``"lookahead must be an integer >= 1 (1: no lookahead batching), got 0"``; a configuration or the command line raises

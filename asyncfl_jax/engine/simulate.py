@@ -4,7 +4,7 @@ engine options, :class:`~asyncfl_jax.engine.options.EngineOptions`), the host lo
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.engine.arguments import check_checkpoints, check_simulate
