@@ -186,21 +186,16 @@ def run_identity(
     task: Any,
     data: Any,
     carry_shape: Any,
-    shard_jobs: bool,
-    shard_replicas: bool = False,
-    shard_clients: bool = False,
-    trajectory: Any = None,
-    replica_batch: int | None = None,
-    job_executor: str = "vmap",
+    engine: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: everything that determines the run's result.
 
     The schedules enter as a hash of their arrays; the task as its name, number of clients and parameters, the
     shapes and dtypes of its arrays, a hash of the initial model ``x0`` (the data themselves are not hashed) and its
-    evaluation split (held-out fractions and evaluated clients) when it has one. ``trajectory`` (the shapes of one
-    trajectory record, or None) enters only when a trajectory is recorded, ``replica_batch`` only when set and
-    ``job_executor`` (how a step's jobs are laid out, :mod:`asyncfl_jax.engine.executors`; its float rounding differs)
-    only when it is not the plain ``"vmap"``, so other runs keep their identity.
+    evaluation split (held-out fractions and evaluated clients) when it has one. ``engine``: the engine options' part
+    (:meth:`~asyncfl_jax.engine.options.EngineOptions.identity`: the placement's switches, and the trajectory's record
+    shapes, the replica groups and the job executor when they differ from a plain run, so that other runs keep their
+    identity).
     """
     return _canonical({
         "label": label,
@@ -216,12 +211,7 @@ def run_identity(
                  "arrays": tree_signature(data), "x0_sha256": hash_arrays(data.x0),
                  **_evaluation_identity(task)},
         "carry": tree_signature(carry_shape),
-        "shard_jobs": bool(shard_jobs),
-        "shard_replicas": bool(shard_replicas),
-        "shard_clients": bool(shard_clients),
-        **({} if trajectory is None else {"trajectory": tree_signature(trajectory)}),
-        **({} if replica_batch is None else {"replica_batch": int(replica_batch)}),
-        **({} if job_executor == "vmap" else {"job_executor": str(job_executor)}),
+        **dict(engine or {}),
     })
 
 

@@ -53,6 +53,7 @@ from asyncfl_jax.compile_cache import enable_compile_cache
 from asyncfl_jax.errors import InputError, PartitionError
 from asyncfl_jax.presets import get_preset, unavailable
 from asyncfl_jax.config import ConfigError, ExperimentConfig, parse_value, resolve, set_option, validate
+from asyncfl_jax.engine.options import add_flags as add_engine_flags, from_flags as engine_flags_given
 
 from asyncfl_jax.algorithms.defaults import AREA_DEFAULT_ARRIVALS, DEFAULT_ARRIVALS  # noqa: F401 (re-exported)
 
@@ -85,11 +86,32 @@ class _OtherSpelling(argparse.Action):
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    """The ``asyncfl`` parser: ``run`` (its flags in groups, :func:`_add_run_parser`), ``plot``, ``algorithms`` and
+    ``presets``."""
     parser = argparse.ArgumentParser(prog="asyncfl", description="Asynchronous federated learning simulator (JAX).")
     parser.add_argument("--version", action="version", version=f"asyncfl_jax {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_parser(sub)
+    _add_plot_parser(sub)
+    sub.add_parser("algorithms", help="list the algorithms with their options and hyper-parameters")
+    sub.add_parser("presets", help="list the papers' selected settings usable with `asyncfl run --preset`")
+    return parser
 
+
+def _add_run_parser(sub: Any) -> None:
+    """``asyncfl run`` and its flag groups."""
     run = sub.add_parser("run", help="run an experiment and write config, metrics and plots to an output folder")
+    _add_output_flags(run)
+    _add_process_flags(run)
+    _add_data_flags(run.add_argument_group("data and model"))
+    _add_algorithm_flags(run.add_argument_group("algorithm (replaces the default runs with a single run)"))
+    timing = run.add_argument_group("timing and replicas")
+    _add_timing_flags(timing)
+    add_engine_flags(timing)  # one flag per engine option (engine/options.py)
+
+
+def _add_output_flags(run: Any) -> None:
+    """The configuration, the output folder, checkpoints and what is shown or written."""
     run.add_argument("--config", help="JSON configuration file (defaults fill what it omits)")
     run.add_argument("--out", help="output folder (default: a new folder runs/<algorithm>-<YYYYmmdd-HHMMSS> for each "
                                    "run, printed at the start); it must be new or empty, or hold an unfinished run of "
@@ -116,6 +138,16 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--debug", action="store_true",
                      help="on an error, also print the Python traceback (for a bug report)")
     run.add_argument("--no-plot", action="store_true", help="do not write accuracy.png")
+    run.add_argument("--no-compile-cache", action="store_true",
+                     help="do not use JAX's persistent compilation cache (default: on, in $ASYNCFL_COMPILE_CACHE or "
+                          "~/.cache/asyncfl_jax/jax; ASYNCFL_COMPILE_CACHE=off also turns it off)")
+    run.add_argument("--tensorboard", metavar="DIR",
+                     help="also write every replica's metrics as TensorBoard scalars under DIR/<run>/<point>/seed<s> "
+                          "(needs tensorboardX: pip install -e '.[tensorboard]' from a clone)")
+
+
+def _add_process_flags(run: Any) -> None:
+    """Many processes (``jax.distributed``)."""
     multi = run.add_argument_group("many processes (jax.distributed; see docs/simulator.md, \"Many processes\")")
     multi.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address (env ASYNCFL_COORDINATOR)")
     multi.add_argument("--num-processes", type=int, metavar="N", help="processes of the run (env ASYNCFL_NUM_PROCESSES)")
@@ -126,14 +158,10 @@ def _build_parser() -> argparse.ArgumentParser:
                             "120; env ASYNCFL_COORDINATOR_TIMEOUT)")
     multi.add_argument("--cluster", action="store_true",
                        help="let jax.distributed.initialize() read the cluster's environment (SLURM, Open MPI)")
-    run.add_argument("--no-compile-cache", action="store_true",
-                     help="do not use JAX's persistent compilation cache (default: on, in $ASYNCFL_COMPILE_CACHE or "
-                          "~/.cache/asyncfl_jax/jax; ASYNCFL_COMPILE_CACHE=off also turns it off)")
-    run.add_argument("--tensorboard", metavar="DIR",
-                     help="also write every replica's metrics as TensorBoard scalars under DIR/<run>/<point>/seed<s> "
-                          "(needs tensorboardX: pip install -e '.[tensorboard]' from a clone)")
 
-    g = run.add_argument_group("data and model")
+
+def _add_data_flags(g: Any) -> None:
+    """The dataset, its partition, the model and local training."""
     g.add_argument("--dataset", help="synthetic | fashion_mnist | mnist (IDX files) | tfds/mnist | tfds/fashion_mnist | "
                    "tfds/emnist | tfds/cifar10 | tfds/cifar100 (prepared with TensorFlow Datasets) | leaf/femnist | "
                    "leaf/shakespeare (LEAF JSON or Flower parquet files; natural clients)")
@@ -160,7 +188,9 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--client-lr", "--learning-rate", action=_OtherSpelling, help=argparse.SUPPRESS,
                    canonical="--lr (or --hparam client_lr=V[,V...] to sweep it)")
 
-    g = run.add_argument_group("algorithm (replaces the default runs with a single run)")
+
+def _add_algorithm_flags(g: Any) -> None:
+    """The algorithm, its options and hyper-parameters, the protocol and the run's length."""
     g.add_argument("--algorithm", help=" | ".join(sorted(REGISTRY)) + " (see `asyncfl algorithms`): one run of "
                    f"{DEFAULT_ARRIVALS:,} uploads (area, as_fedavg: {AREA_DEFAULT_ARRIVALS:,}) with the "
                    "algorithm's usual protocol")
@@ -182,7 +212,9 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, help="server steps T")
     g.add_argument("--arrivals", type=int, help="client uploads (T = arrivals / M)")
 
-    g = run.add_argument_group("timing and replicas")
+
+def _add_timing_flags(g: Any) -> None:
+    """The delay model or device traces, the seeds and the evaluation interval."""
     g.add_argument("--speed", help="per-client speed distribution: constant | uniform | lognormal | exponential | normal")
     g.add_argument("--noise", help="per-job noise: none | exponential | half_normal | lognormal | uniform")
     g.add_argument("--device-trace", metavar="FILE",
@@ -196,32 +228,10 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="FedScale's client_behave_trace pickle (on/off availability); needs --device-capacity")
     g.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2")
     g.add_argument("--eval-every", type=int, help="evaluate every this many server steps")
-    g.add_argument("--shard-jobs", action="store_true",
-                   help="spread each step's jobs over all JAX devices (on a CPU, one device per core needs "
-                        "XLA_FLAGS=--xla_force_host_platform_device_count=N in the environment)")
-    g.add_argument("--lookahead", type=int, metavar="L",
-                   help="lookahead batching: train the jobs of up to L server steps in one vmapped call when the "
-                        "schedule allows (default 1: off)")
-    g.add_argument("--replica-batch", type=int, metavar="G",
-                   help="compute the replicas G at a time in each chunk (default: all together on an accelerator, "
-                        "groups sized from the work of a step on a CPU; G >= the replicas: all together; same "
-                        "results up to float rounding)")
-    g.add_argument("--job-executor", metavar="E",
-                   help="how the jobs of a server step are laid out: auto (default: unrolled for CNNs and RNNs on "
-                        "CPU, vmap otherwise), vmap, unrolled or grouped:G; same results up to float rounding")
-    g.add_argument("--shard-replicas", action="store_true",
-                   help="spread the replicas (seeds x swept hyper-parameters) over all JAX devices; their number "
-                        "must be a multiple of the device count")
-    g.add_argument("--shard-clients", action="store_true",
-                   help="spread the per-client state (n x d caches, error-feedback residuals) over all JAX devices "
-                        "along the client axis; the number of clients must be a multiple of the device count")
-    g.add_argument("--precision", choices=["float32", "float64"],
-                   help="float precision of data, model, server state, updates and metrics (default float32; "
-                        "float64 turns on jax_enable_x64 for the run, for exact comparisons with reference code)")
-    g.add_argument("--trajectory", action="store_true",
-                   help="record the flat global model x_t at every server step (small runs) and write it to "
-                        "trajectory/<run>.npz in the results folder (array [replicas, steps + 1, d])")
 
+
+def _add_plot_parser(sub: Any) -> None:
+    """``asyncfl plot``."""
     plot = sub.add_parser("plot", help="draw the runs of one or more results folders in one figure (PNG and PDF)")
     plot.add_argument("folders", nargs="+", metavar="RUN_DIR", help="results folders written by asyncfl run")
     plot.add_argument("--out", required=True, metavar="FIG",
@@ -233,130 +243,152 @@ def _build_parser() -> argparse.ArgumentParser:
                       help="x axes, one panel each: uploads, time, local_steps, step (default: uploads,time,local_steps)")
     plot.add_argument("--title", help="title (default: the setting read from the folders' config.json)")
     plot.add_argument("--debug", action="store_true", help="on an error, also print the Python traceback")
-    sub.add_parser("algorithms", help="list the algorithms with their options and hyper-parameters")
-    sub.add_parser("presets", help="list the papers' selected settings usable with `asyncfl run --preset`")
-    return parser
 
 
 def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
+    """The configuration the ``asyncfl run`` flags describe: the embedded default or ``--config``, then
+    ``--preset``, the data, model and local-training flags, the seeds and engine options, the delays, the runs'
+    flags, ``--set`` (last: it overrides any flag) and ``--out``."""
     raw: dict[str, Any] = ExperimentConfig().to_dict()
     if args.config:
         raw = ExperimentConfig.from_json(args.config).to_dict()
-
-    def put(key: str, value: Any) -> None:
-        if value is not None:
-            set_option(raw, f"{key}={json.dumps(value)}")
-
     if args.preset is not None:
-        if args.algorithm is not None:
-            raise ConfigError("--preset and --algorithm cannot be combined: the preset names the algorithm")
-        try:
-            chosen = get_preset(args.preset)
-        except ValueError as e:
-            raise ConfigError(f"invalid option --preset = {args.preset!r}: {e}") from None
-        problem = unavailable(chosen)
-        if problem is not None:
-            raise ConfigError(f"--preset {args.preset} cannot run here: {problem}")
-        raw["local"].update(chosen.pop("local"))
-        raw["data"].update(chosen.pop("data"))
-        raw["model"].update(chosen.pop("model"))
-        arrivals = chosen.pop("arrivals", DEFAULT_ARRIVALS)
-        raw["runs"] = [{**chosen, "arrivals": arrivals}]
-    put("data.name", args.dataset)
-    put("data.path", args.data_dir)
-    put("data.num_clients", args.num_clients)
-    put("data.partition", args.partition)
+        _apply_preset(raw, args)
+    _apply_data_flags(raw, args)
+    _apply_experiment_flags(raw, args)
+    if args.algorithm is not None:  # its usual protocol and uploads fill what is omitted (algorithms/defaults.py)
+        raw["runs"] = [{"algorithm": args.algorithm, "options": {}, "hparams": {}}]
+    for run in raw["runs"]:
+        _apply_run_flags(run, args)
+    for item in args.set:
+        set_option(raw, item)
+    runs = raw.get("runs")
+    if not isinstance(runs, list) or not runs or not all(isinstance(run, dict) for run in runs):
+        raise ConfigError(f"invalid option runs = {runs!r}: must be a non-empty list of runs (objects)")
+    _put(raw, "output", args.out)
+    _absolute_paths(raw)
+    return ExperimentConfig.from_dict(raw)
+
+
+def _put(raw: dict[str, Any], key: str, value: Any) -> None:
+    """``key = value`` in the raw configuration when the flag was given (``value`` not None)."""
+    if value is not None:
+        set_option(raw, f"{key}={json.dumps(value)}")
+
+
+def _apply_preset(raw: dict[str, Any], args: argparse.Namespace) -> None:
+    """``--preset``: a paper's setting (its task, local training and one run) replaces the configuration's."""
+    if args.algorithm is not None:
+        raise ConfigError("--preset and --algorithm cannot be combined: the preset names the algorithm")
+    try:
+        chosen = get_preset(args.preset)
+    except ValueError as e:
+        raise ConfigError(f"invalid option --preset = {args.preset!r}: {e}") from None
+    problem = unavailable(chosen)
+    if problem is not None:
+        raise ConfigError(f"--preset {args.preset} cannot run here: {problem}")
+    raw["local"].update(chosen.pop("local"))
+    raw["data"].update(chosen.pop("data"))
+    raw["model"].update(chosen.pop("model"))
+    arrivals = chosen.pop("arrivals", DEFAULT_ARRIVALS)
+    raw["runs"] = [{**chosen, "arrivals": arrivals}]
+
+
+def _apply_data_flags(raw: dict[str, Any], args: argparse.Namespace) -> None:
+    """The data, model and local-training flags (a dataset without natural clients is split iid unless
+    ``--partition`` says otherwise; ``--batch-size 0`` is a full batch)."""
+    for key, value in (("data.name", args.dataset), ("data.path", args.data_dir),
+                       ("data.num_clients", args.num_clients), ("data.partition", args.partition)):
+        _put(raw, key, value)
     if (args.dataset and args.dataset != "synthetic" and not args.dataset.startswith("leaf/") and args.partition is None
             and raw["data"]["partition"] == "natural"):
-        put("data.partition", "iid")
-    put("data.dirichlet_alpha", args.dirichlet_alpha)
-    put("data.client_test_fraction", args.client_test_fraction)
-    put("data.validation_fraction", args.validation_fraction)
-    put("data.eval_clients", args.eval_clients)
-    put("model.name", args.model)
-    put("local.steps", args.local_steps)
+        _put(raw, "data.partition", "iid")
+    for key, value in (("data.dirichlet_alpha", args.dirichlet_alpha),
+                       ("data.client_test_fraction", args.client_test_fraction),
+                       ("data.validation_fraction", args.validation_fraction),
+                       ("data.eval_clients", args.eval_clients), ("model.name", args.model),
+                       ("local.steps", args.local_steps)):
+        _put(raw, key, value)
     if args.batch_size is not None:
         if args.batch_size < 0:
             raise ConfigError(f"invalid option --batch-size = {args.batch_size}: must be an integer >= 1, or 0 for "
                               "full-batch local steps")
         raw["local"]["batch_size"] = args.batch_size if args.batch_size > 0 else None  # 0: full batch
-    put("local.lr", args.lr)
+    _put(raw, "local.lr", args.lr)
+
+
+def _apply_experiment_flags(raw: dict[str, Any], args: argparse.Namespace) -> None:
+    """``--seeds``, ``--eval-every``, the engine options' flags (:mod:`asyncfl_jax.engine.options`) and the delays
+    (``--device-trace``..., ``--speed``, ``--noise``)."""
     if args.seeds is not None:
         try:
             raw["seeds"] = _parse_list(args.seeds, int)
         except ValueError:
             raise ConfigError(f"invalid option --seeds = {args.seeds!r}: must be comma-separated integers, without "
                               "an empty item") from None
-    put("eval_every", args.eval_every)
-    put("lookahead", args.lookahead)
-    put("replica_batch", args.replica_batch)
-    put("job_executor", args.job_executor)
-    put("precision", args.precision)
-    if args.trajectory:
-        raw["trajectory"] = True
-    if args.shard_jobs:
-        raw["shard_jobs"] = True
-    if args.shard_replicas:
-        raw["shard_replicas"] = True
-    if args.shard_clients:
-        raw["shard_clients"] = True
+    _put(raw, "eval_every", args.eval_every)
+    for key, value in engine_flags_given(args).items():
+        _put(raw, key, value)
     _put_device_trace(raw, args)
     if args.speed is not None:
         raw["delays"] = {"speed": args.speed, **{k: v for k, v in raw["delays"].items() if not k.startswith("speed")}}
     if args.noise is not None:
         raw["delays"] = {"noise": args.noise, **{k: v for k, v in raw["delays"].items() if not k.startswith("noise")}}
 
-    if args.algorithm is not None:  # its usual protocol and uploads fill what is omitted (algorithms/defaults.py)
-        raw["runs"] = [{"algorithm": args.algorithm, "options": {}, "hparams": {}}]
-    for run in raw["runs"]:
-        if args.staleness is not None:
-            run.setdefault("options", {})["staleness"] = args.staleness
-        if args.normalization is not None:
-            run.setdefault("options", {})["normalization"] = args.normalization
-        for item in args.option:
-            if "=" not in item or not item.split("=", 1)[0].strip():
-                raise ConfigError(f"invalid option --option = {item!r}: expected NAME=VALUE")
-            name, text = (part.strip() for part in item.split("=", 1))
-            run.setdefault("options", {})[name] = parse_value(text)
-        _refuse_repeated_names("--option", args.option)
-        _refuse_repeated_names("--hparam", args.hparam)
-        for item in args.hparam:
-            if "=" not in item or not item.split("=", 1)[0].strip():
-                raise ConfigError(f"invalid option --hparam = {item!r}: expected NAME=VALUE[,VALUE...]")
-            name, text = item.split("=", 1)
-            try:
-                values = _parse_list(text, float)
-            except ValueError:
-                raise ConfigError(f"invalid option --hparam {name} = {text!r}: values must be numbers separated by "
-                                  "commas, without an empty item") from None
-            run.setdefault("hparams", {})[name.strip()] = values[0] if len(values) == 1 else values
-        proto = run.setdefault("protocol", {})
-        for key, value in (("name", args.protocol), ("concurrency", args.concurrency),
-                           ("buffer_size", args.buffer_size), ("refill", args.refill),
-                           ("participants", args.participants)):
-            if value is not None:
-                proto[key] = value
-        if args.protocol is not None:  # the fields the new protocol does not read go back to their defaults
-            from asyncfl_jax.option_rules import PROTOCOL_READS
 
-            for key in ("concurrency", "buffer_size", "refill", "participants"):
-                if key not in PROTOCOL_READS.get(args.protocol, ()) and getattr(args, key) is None:
-                    proto.pop(key, None)
-        if args.steps is not None and args.arrivals is not None:  # as a config file with both is refused
-            raise ConfigError(f"--steps {args.steps} and --arrivals {args.arrivals} cannot be combined: a run is "
-                              "as long as one of them says (T = arrivals / M); give one")
-        if args.steps is not None:
-            run["steps"], run["arrivals"] = args.steps, None
-        if args.arrivals is not None:
-            run["arrivals"], run["steps"] = args.arrivals, None
-    for item in args.set:
-        set_option(raw, item)
-    runs = raw.get("runs")
-    if not isinstance(runs, list) or not runs or not all(isinstance(run, dict) for run in runs):
-        raise ConfigError(f"invalid option runs = {runs!r}: must be a non-empty list of runs (objects)")
-    put("output", args.out)
-    _absolute_paths(raw)
-    return ExperimentConfig.from_dict(raw)
+def _apply_run_flags(run: dict[str, Any], args: argparse.Namespace) -> None:
+    """The flags that set every run: algorithm options, hyper-parameters, protocol and length."""
+    if args.staleness is not None:
+        run.setdefault("options", {})["staleness"] = args.staleness
+    if args.normalization is not None:
+        run.setdefault("options", {})["normalization"] = args.normalization
+    for item in args.option:
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise ConfigError(f"invalid option --option = {item!r}: expected NAME=VALUE")
+        name, text = (part.strip() for part in item.split("=", 1))
+        run.setdefault("options", {})[name] = parse_value(text)
+    _refuse_repeated_names("--option", args.option)
+    _refuse_repeated_names("--hparam", args.hparam)
+    for item in args.hparam:
+        name, value = _parse_hparam(item)
+        run.setdefault("hparams", {})[name] = value
+    _apply_protocol_flags(run.setdefault("protocol", {}), args)
+    if args.steps is not None and args.arrivals is not None:  # as a config file with both is refused
+        raise ConfigError(f"--steps {args.steps} and --arrivals {args.arrivals} cannot be combined: a run is "
+                          "as long as one of them says (T = arrivals / M); give one")
+    if args.steps is not None:
+        run["steps"], run["arrivals"] = args.steps, None
+    if args.arrivals is not None:
+        run["arrivals"], run["steps"] = args.arrivals, None
+
+
+def _parse_hparam(item: str) -> tuple[str, Any]:
+    """``--hparam NAME=V[,V...]``: the name and its value (a list of several values sweeps it)."""
+    if "=" not in item or not item.split("=", 1)[0].strip():
+        raise ConfigError(f"invalid option --hparam = {item!r}: expected NAME=VALUE[,VALUE...]")
+    name, text = item.split("=", 1)
+    try:
+        values = _parse_list(text, float)
+    except ValueError:
+        raise ConfigError(f"invalid option --hparam {name} = {text!r}: values must be numbers separated by "
+                          "commas, without an empty item") from None
+    return name.strip(), values[0] if len(values) == 1 else values
+
+
+def _apply_protocol_flags(proto: dict[str, Any], args: argparse.Namespace) -> None:
+    """The protocol flags; with ``--protocol`` the fields the new protocol does not read go back to their
+    defaults (unless given)."""
+    for key, value in (("name", args.protocol), ("concurrency", args.concurrency),
+                       ("buffer_size", args.buffer_size), ("refill", args.refill),
+                       ("participants", args.participants)):
+        if value is not None:
+            proto[key] = value
+    if args.protocol is not None:
+        from asyncfl_jax.option_rules import PROTOCOL_READS
+
+        for key in ("concurrency", "buffer_size", "refill", "participants"):
+            if key not in PROTOCOL_READS.get(args.protocol, ()) and getattr(args, key) is None:
+                proto.pop(key, None)
 
 
 def _put_device_trace(raw: dict[str, Any], args: argparse.Namespace) -> None:
@@ -447,14 +479,13 @@ def _print_algorithms() -> None:
 _CONFIG_OPTIONS = ("config", "set", "dataset", "data_dir", "num_clients", "partition", "dirichlet_alpha", "model",
                    "local_steps", "batch_size", "lr", "algorithm", "option", "staleness", "normalization", "hparam",
                    "protocol", "concurrency", "buffer_size", "refill", "participants", "steps", "arrivals", "speed",
-                   "noise", "seeds", "eval_every", "shard_jobs", "shard_replicas", "shard_clients", "preset",
-                   "lookahead", "replica_batch", "precision", "trajectory", "device_trace", "device_capacity",
-                   "device_behavior", "job_executor")
+                   "noise", "seeds", "eval_every", "preset", "device_trace", "device_capacity", "device_behavior")
 
 
 def _resumed_config(args: argparse.Namespace) -> ExperimentConfig:
     """The configuration saved in ``--resume DIR``, writing to DIR."""
-    given = [f"--{name.replace('_', '-')}" for name in _CONFIG_OPTIONS if getattr(args, name) not in (None, [], False)]
+    given = [f"--{name.replace('_', '-')}" for name in (*_CONFIG_OPTIONS, *engine_flags_given(args))
+             if getattr(args, name) not in (None, [], False)]
     if given:
         raise ConfigError(f"--resume {args.resume} continues the configuration saved in {args.resume}/config.json; "
                           f"it cannot be combined with {', '.join(given)}")
@@ -764,15 +795,12 @@ def _command(args: argparse.Namespace) -> int:
         check_config(cfg, explicit_from_cli(args))  # a flag given for runs that do not read it
         print(json.dumps(resolve(cfg).to_dict(), indent=2))
         return 0
-    validate(cfg)
-    check_config(cfg, explicit_from_cli(args))
-    cfg = resolve(cfg)
+    from asyncfl_jax.experiment import prepare_experiment
+
     _check_checkpoint_options(args)
+    cfg = prepare_experiment(cfg, explicit_from_cli(args))  # the checks run_config makes, before any folder is made
     if cfg.output is not None:
         _check_out_path(cfg.output)
-    from asyncfl_jax.preflight import check_memory
-
-    check_memory(cfg)  # from the configuration alone, before any data or schedule is built
     if cfg.output is None:  # a new folder for this run (made now, so that it is this run's alone)
         from asyncfl_jax.experiment import new_output
 

@@ -17,10 +17,10 @@ import os
 from typing import Any, Mapping
 
 from asyncfl_jax.algorithms import REGISTRY, get_algorithm
-from asyncfl_jax.algorithms.defaults import EVAL_POINTS, RUN_DEFAULTS, eval_every_for
+from asyncfl_jax.algorithms.defaults import EVAL_POINTS, RUN_DEFAULTS, eval_every_for, run_hparam_defaults
+from asyncfl_jax.engine.options import EngineOptions, OptionError
 from asyncfl_jax.errors import InputError
 from asyncfl_jax.option_rules import UnreadOption, check_config
-from asyncfl_jax.precision import PRECISIONS
 from asyncfl_jax.timing.delays import DelayModel
 from asyncfl_jax.timing.traces import check_trace_config, is_trace_config, trace_from_config
 
@@ -196,15 +196,9 @@ def default_runs() -> list[RunConfig]:
 
 
 @dataclasses.dataclass
-class ExperimentConfig:
-    """A whole experiment. ``eval_points``: number of evaluations per run (``eval_every`` overrides it, in steps).
-    ``shard_jobs``: spread each step's jobs over all JAX devices; ``shard_replicas``: spread the replicas over them;
-    ``shard_clients``: spread the per-client state (caches, residuals) over them along the client axis;
-    ``lookahead``: lookahead batching window ``L`` (1: off; see :func:`asyncfl_jax.engine.simulate`).
-    ``precision``: ``"float32"`` (default) or ``"float64"`` (:mod:`asyncfl_jax.precision`); ``trajectory``: record the
-    flat global model at every server step (``History.trajectory``, written to ``trajectory/<run>.npz``).
-    ``output``: the results folder; ``None`` (default): a new folder ``runs/<algorithms>-<YYYYmmdd-HHMMSS>`` for each
-    run (:func:`asyncfl_jax.outputs.new_output_folder`), whose name ``config.json`` then records."""
+class ExperimentSections:
+    """The experiment's own sections (the fields of :class:`ExperimentConfig` before the engine options).
+    ``eval_points``: number of evaluations per run (``eval_every`` overrides it, in steps)."""
 
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -216,14 +210,17 @@ class ExperimentConfig:
     seeds: list[int] = dataclasses.field(default_factory=lambda: [0])
     eval_points: int = EVAL_POINTS
     eval_every: int | None = None
-    shard_jobs: bool = False
-    shard_replicas: bool = False
-    shard_clients: bool = False
-    lookahead: int = 1
-    replica_batch: int | None = None
-    job_executor: str = "auto"  # engine.executors: "auto", "vmap", "unrolled" or "grouped:G"
-    precision: str = "float32"
-    trajectory: bool = False
+
+
+@dataclasses.dataclass
+class ExperimentConfig(EngineOptions, ExperimentSections):
+    """A whole experiment: its sections (:class:`ExperimentSections`: data, model, local training, delays, runs,
+    seeds, evaluation points), then the engine options as top-level keys (:class:`~asyncfl_jax.engine.options.
+    EngineOptions`, whose fields this class inherits: the placement switches, lookahead, replica grouping, job
+    executor, precision, trajectory; each documented and checked there), then ``output``: the results folder;
+    ``None`` (default): a new folder ``runs/<algorithms>-<YYYYmmdd-HHMMSS>`` for each run
+    (:func:`asyncfl_jax.outputs.new_output_folder`), whose name ``config.json`` then records."""
+
     output: str | None = None
 
     def __post_init__(self) -> None:
@@ -459,13 +456,12 @@ def resolve(cfg: ExperimentConfig) -> ExperimentConfig:
 
 def algorithm_defaults(run: RunConfig, hyperparams: Mapping[str, float], num_clients: int) -> dict[str, float]:
     """The run's defaults of the algorithm's own hyper-parameters ``hyperparams`` (the local-training ones belong to
-    the ``local`` section): the algorithm's values, except delay-adaptive ASGD's ``tau_c`` = the run's concurrency."""
+    the ``local`` section): the algorithm's values, those that follow the run (delay-adaptive ASGD's ``tau_c`` = the
+    run's concurrency) as :func:`~asyncfl_jax.algorithms.defaults.run_hparam_defaults` says."""
     from asyncfl_jax.client import LOCAL_HPARAMS
 
     defaults = {k: v for k, v in hyperparams.items() if k not in LOCAL_HPARAMS}
-    if "tau_c" in defaults:
-        defaults["tau_c"] = float(run_concurrency(run, num_clients))  # tau_C = Mc (ACE digest)
-    return defaults
+    return run_hparam_defaults(defaults, run_concurrency(run, num_clients))
 
 
 def run_concurrency(run: RunConfig, num_clients: int) -> int:
@@ -526,9 +522,15 @@ def _option_hint(error: ValueError, run: RunConfig) -> str:
 def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     """Checks every option; raises :class:`ConfigError` naming the option, the value and what is allowed.
 
-    Also checks (unless ``check_files=False``) that dataset files exist, so nothing is compiled for a run that cannot
-    load its data.
+    The sections are checked in the order of :data:`SECTION_RULES`. Also checks (unless ``check_files=False``) that
+    dataset files exist, so nothing is compiled for a run that cannot load its data.
     """
+    for rule in SECTION_RULES:
+        rule(cfg, check_files)
+
+
+def _validate_data(cfg: ExperimentConfig, check_files: bool) -> None:
+    """The ``data`` section: dataset, partition, split fractions and seeds."""
     d = cfg.data
     _check_choice("data.name", d.name, DATASETS)
     if d.path is not None and (not isinstance(d.path, str) or not d.path.strip() or "\x00" in d.path):
@@ -566,6 +568,11 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
         if d.client_test_fraction == 0:
             _fail("data.eval_clients", d.eval_clients, "needs data.client_test_fraction > 0 (the per-client metrics "
                   "are measured on each client's own held-out test examples)")
+
+
+def _validate_data_files(cfg: ExperimentConfig, check_files: bool) -> None:
+    """The dataset's files (IDX, LEAF, TFDS) exist (when ``check_files``)."""
+    d = cfg.data
     if d.name in ("fashion_mnist", "mnist") and check_files:
         from asyncfl_jax.data.idx import DatasetNotFoundError, find_idx_dir
 
@@ -586,6 +593,10 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
         except DatasetNotFoundError as e:
             raise ConfigError(f"invalid option data.name = {d.name!r}: the dataset is not prepared.\n{e}") from None
 
+
+def _validate_model(cfg: ExperimentConfig, check_files: bool) -> None:
+    """The ``model`` section, and that the model fits the data (images, character ids)."""
+    d = cfg.data
     m = cfg.model
     _check_choice("model.name", m.name, MODELS)
     _check_seed("model.seed", m.seed)
@@ -601,6 +612,9 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
         _fail("model.name", m.name, f"leaf/shakespeare holds character ids (next-character prediction): use "
               f"{' or '.join(TEXT_MODELS)}")
 
+
+def _validate_local(cfg: ExperimentConfig, check_files: bool) -> None:
+    """The ``local`` section (local training)."""
     loc = cfg.local
     _check_int("local.steps", loc.steps, 1)
     if loc.batch_size is not None:
@@ -613,6 +627,9 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
     check_hparam("local.momentum", "momentum", loc.momentum)
     check_hparam("local.weight_decay", "weight_decay", loc.weight_decay)
 
+
+def _validate_delays(cfg: ExperimentConfig, check_files: bool) -> None:
+    """The ``delays`` section: a delay model or device traces (their files read when ``check_files``)."""
     if is_trace_config(cfg.delays):
         _check_device_trace(cfg, check_files)
     else:
@@ -620,6 +637,10 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
             cfg.delay_model().validate()
         except ValueError as e:
             raise ConfigError(str(e)) from None
+
+
+def _validate_seeds_and_output(cfg: ExperimentConfig, check_files: bool) -> None:
+    """``seeds`` (distinct 32-bit integers) and the ``output`` folder's name."""
     if not isinstance(cfg.seeds, list) or not cfg.seeds:
         _fail("seeds", cfg.seeds, f"must be a non-empty list of integers in [0, {MAX_SEED}]")
     for s in cfg.seeds:
@@ -631,36 +652,22 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
               "be null for a new folder runs/<algorithms>-<time>")
     if cfg.output is not None and "\x00" in cfg.output:
         _fail("output", cfg.output, "must not contain a NUL character")
-    _check_int("eval_points", cfg.eval_points, 1)
-    if not isinstance(cfg.shard_jobs, bool):
-        _fail("shard_jobs", cfg.shard_jobs, "must be true or false")
-    if not isinstance(cfg.shard_replicas, bool):
-        _fail("shard_replicas", cfg.shard_replicas, "must be true or false")
-    if not isinstance(cfg.shard_clients, bool):
-        _fail("shard_clients", cfg.shard_clients, "must be true or false")
-    _check_int("lookahead", cfg.lookahead, 1, "must be an integer >= 1 (1: no lookahead batching)")
-    if cfg.replica_batch is not None:
-        _check_int("replica_batch", cfg.replica_batch, 1, "must be null (the backend's default grouping) or an integer >= 1")
-        if cfg.shard_jobs or cfg.shard_replicas or cfg.shard_clients:
-            _fail("replica_batch", cfg.replica_batch, "cannot be combined with shard_jobs, shard_replicas or "
-                  "shard_clients (it groups the replicas of one device)")
-    from asyncfl_jax.engine.executors import parse_job_executor  # noqa: PLC0415
 
+
+def _validate_engine(cfg: ExperimentConfig, check_files: bool) -> None:
+    """``eval_points``, ``eval_every`` and the engine options (:class:`~asyncfl_jax.engine.options.EngineOptions`:
+    each option's rule, written there once, worded as a configuration error)."""
+    _check_int("eval_points", cfg.eval_points, 1)
     try:
-        parse_job_executor(cfg.job_executor)
-    except ValueError:
-        _fail("job_executor", cfg.job_executor, "must be auto, vmap, unrolled or grouped:G (G an integer >= 1)")
-    if cfg.precision not in PRECISIONS:
-        _fail("precision", cfg.precision, f"must be one of {list(PRECISIONS)}")
-    if not isinstance(cfg.trajectory, bool):
-        _fail("trajectory", cfg.trajectory, "must be true or false")
-    if cfg.shard_jobs and cfg.shard_replicas:
-        _fail("shard_replicas", cfg.shard_replicas, "cannot be combined with shard_jobs: choose one axis to spread")
-    if cfg.shard_clients and (cfg.shard_jobs or cfg.shard_replicas):
-        _fail("shard_clients", cfg.shard_clients,
-              "cannot be combined with shard_jobs or shard_replicas: choose one axis to spread")
+        EngineOptions.from_config(cfg).check_config()
+    except OptionError as e:
+        raise ConfigError(e.config_message()) from None
     if cfg.eval_every is not None:
         _check_int("eval_every", cfg.eval_every, 1)
+
+
+def _validate_runs(cfg: ExperimentConfig, check_files: bool) -> None:
+    """The ``runs``: each run (:func:`_validate_run`), unique labels, and no option set that no run reads."""
     if not cfg.runs:
         _fail("runs", cfg.runs, "must hold at least one run")
     for i, run in enumerate(cfg.runs):
@@ -672,6 +679,11 @@ def validate(cfg: ExperimentConfig, check_files: bool = True) -> None:
         check_config(cfg)  # an option set for runs that do not read it
     except UnreadOption as e:
         raise ConfigError(str(e)) from None
+
+
+SECTION_RULES = (_validate_data, _validate_data_files, _validate_model, _validate_local, _validate_delays,
+                 _validate_seeds_and_output, _validate_engine, _validate_runs)
+"""The checks of :func:`validate`, one per section, in order (the first error found is the one reported)."""
 
 
 def _check_leaf_files(name: str, path: str | None) -> None:
@@ -690,6 +702,8 @@ def _check_leaf_files(name: str, path: str | None) -> None:
 
 
 def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
+    """One run: its algorithm, options and hyper-parameters, its protocol (:func:`_validate_protocol`), its
+    schedule files and its length."""
     n = cfg.data.num_clients
     _check_choice(f"{prefix}.algorithm", run.algorithm, sorted(REGISTRY))
     if run.label is not None and (not isinstance(run.label, str) or not run.label.strip()):
@@ -712,6 +726,26 @@ def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
         check_hparam(f"{prefix}.hparams.{name}", name, value)
     del resolved
 
+    _validate_protocol(prefix, run, n)
+
+    if run.schedule_files is not None:
+        _validate_schedule_files(prefix, run, cfg)
+        if run.steps is None and run.arrivals is None:
+            return
+    if (run.steps is None) == (run.arrivals is None):
+        _fail(f"{prefix}.steps/arrivals", (run.steps, run.arrivals), "give exactly one of steps or arrivals")
+    if run.steps is not None:
+        _check_int(f"{prefix}.steps", run.steps, 1)
+    else:
+        _check_int(f"{prefix}.arrivals", run.arrivals, 1)
+        per_step = run.protocol.arrivals_per_step(n)
+        if run.arrivals < per_step:
+            _fail(f"{prefix}.arrivals", run.arrivals, f"must be >= the arrivals of one step ({per_step})")
+
+
+def _validate_protocol(prefix: str, run: RunConfig, n: int) -> None:
+    """A run's protocol (``n`` clients): its name and fields, the server clock's period or rate, and what the
+    protocol or the algorithm cannot be combined with."""
     p = run.protocol
     _check_choice(f"{prefix}.protocol.name", p.name, PROTOCOLS)
     if p.name == "concurrent":
@@ -758,19 +792,6 @@ def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
             _fail(f"{prefix}.protocol.participants", p.participants, f"must be <= data.num_clients ({n})")
     if run.algorithm == "fedavg" and p.name != "synchronous":
         _fail(f"{prefix}.protocol.name", p.name, "fedavg is synchronous: use protocol 'synchronous'")
-
-    if run.schedule_files is not None:
-        _validate_schedule_files(prefix, run, cfg)
-        if run.steps is None and run.arrivals is None:
-            return
-    if (run.steps is None) == (run.arrivals is None):
-        _fail(f"{prefix}.steps/arrivals", (run.steps, run.arrivals), "give exactly one of steps or arrivals")
-    if run.steps is not None:
-        _check_int(f"{prefix}.steps", run.steps, 1)
-    else:
-        _check_int(f"{prefix}.arrivals", run.arrivals, 1)
-        if run.arrivals < p.arrivals_per_step(n):
-            _fail(f"{prefix}.arrivals", run.arrivals, f"must be >= the arrivals of one step ({p.arrivals_per_step(n)})")
 
 
 def _validate_schedule_files(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:

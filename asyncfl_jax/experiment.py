@@ -34,7 +34,9 @@ from asyncfl_jax.config import ConfigError, ExperimentConfig, RunConfig, algorit
 from asyncfl_jax.data.partition import partition as split_clients
 from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.engine import simulate
+from asyncfl_jax.engine.options import EngineOptions
 from asyncfl_jax.models.core import make_model
+from asyncfl_jax.option_rules import check_config
 from asyncfl_jax.preflight import check_memory
 from asyncfl_jax.results import (
     History,
@@ -196,20 +198,13 @@ def run_experiment(
         eval_every=cfg.eval_every_for(schedules[0].num_steps),
         progress=progress,
         label=run.name,
-        shard_jobs=cfg.shard_jobs,
-        shard_replicas=cfg.shard_replicas,
-        shard_clients=cfg.shard_clients,
-        lookahead=1 if run.protocol.name == "event_clock" else cfg.lookahead,  # the clock trains at arrival anyway
-        replica_batch=cfg.replica_batch,
-        job_executor=cfg.job_executor,
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every if checkpoint_dir is not None else None,
         checkpoint_interval=checkpoint_interval if checkpoint_dir is not None else None,
         final_checkpoint=final_checkpoint,
         resume=resume,
         callbacks=callbacks,
-        precision=cfg.precision,
-        trajectory=cfg.trajectory,
+        **EngineOptions.from_config(cfg).for_run(run.protocol.name == "event_clock").as_keywords(),
     )
 
 
@@ -555,6 +550,25 @@ def new_output(cfg: ExperimentConfig) -> str:
     return folder
 
 
+def prepare_experiment(cfg: ExperimentConfig, explicit: Sequence[str] = ()) -> ExperimentConfig:
+    """The checks every experiment passes before anything is built, written once for ``asyncfl run`` and
+    :func:`run_config`: every option (:func:`~asyncfl_jax.config.validate`, dataset files included; ``explicit``:
+    the option keys the command line gave, refused when no run reads them), a run over several processes spread
+    over them, and the memory preflight (:func:`~asyncfl_jax.preflight.check_memory`). Returns the configuration
+    with every default written out (:func:`~asyncfl_jax.config.resolve`), as ``config.json`` holds it; a resolved
+    configuration passes unchanged."""
+    validate(cfg)
+    if explicit:
+        check_config(cfg, explicit)  # a flag given for runs that do not read it
+    cfg = resolve(cfg)
+    processes = distributed.process_count()
+    if processes > 1 and not EngineOptions.from_config(cfg).placement.splits_state:
+        raise ConfigError(f"this run spans {processes} processes (jax.distributed): set shard_replicas or "
+                          "shard_clients (--shard-replicas, --shard-clients) to split it between them")
+    check_memory(cfg)  # what cannot fit is refused before any data or schedule is built
+    return cfg
+
+
 def run_config(
     cfg: ExperimentConfig,
     progress: bool = True,
@@ -587,13 +601,7 @@ def run_config(
     other; e.g. a :class:`~asyncfl_jax.engine.callbacks.TensorBoardLogger`). Messages (memory budgets, reused runs)
     go to the ``asyncfl_jax`` logger at INFO.
     """
-    validate(cfg)
-    cfg = resolve(cfg)  # config.json holds every default
-    processes = distributed.process_count()
-    if processes > 1 and not (cfg.shard_replicas or cfg.shard_clients):
-        raise ConfigError(f"this run spans {processes} processes (jax.distributed): set shard_replicas or "
-                          "shard_clients (--shard-replicas, --shard-clients) to split it between them")
-    check_memory(cfg)  # what cannot fit is refused before any data or schedule is built
+    cfg = prepare_experiment(cfg)  # config.json holds every default
     checkpointing = write and checkpoints
     files = write and distributed.is_primary()  # checkpoints: every process (its shards); other files: process 0
     try:

@@ -245,7 +245,9 @@ def _activation_bytes(cfg: ExperimentConfig, run: Any) -> int:
 
 def _devices(cfg: ExperimentConfig) -> int:
     """Devices the state is spread over (shard_replicas / shard_clients), else 1."""
-    if not (cfg.shard_replicas or cfg.shard_clients):
+    from asyncfl_jax.engine.options import EngineOptions
+
+    if not EngineOptions.from_config(cfg).placement.splits_state:
         return 1
     import jax
 

@@ -100,6 +100,20 @@ def run_defaults(algorithm: Any) -> RunDefaults:
     return RUN_DEFAULTS[name]
 
 
+RUN_DEPENDENT_HPARAMS: Mapping[str, str] = MappingProxyType({
+    "tau_c": "concurrency",  # delay-adaptive ASGD's staleness threshold tau_C = Mc, the clients in flight (ACE digest)
+})
+"""Hyper-parameters whose default is a property of the run rather than a number: name -> that property (the clients
+training at once, ``concurrency``)."""
+
+
+def run_hparam_defaults(hyperparams: Mapping[str, float], concurrency: int) -> dict[str, float]:
+    """An algorithm's hyper-parameter defaults ``hyperparams`` (``Algorithm.hyperparams``) in a run with
+    ``concurrency`` clients training at once: those of :data:`RUN_DEPENDENT_HPARAMS` follow the run."""
+    run = {"concurrency": float(concurrency)}
+    return {k: run[RUN_DEPENDENT_HPARAMS[k]] if k in RUN_DEPENDENT_HPARAMS else v for k, v in hyperparams.items()}
+
+
 def eval_every_for(num_steps: int, eval_points: int = EVAL_POINTS) -> int:
     """Server steps between two evaluations of a run of ``num_steps`` steps: ``ceil(T / eval_points)``."""
     return max(1, math.ceil(num_steps / eval_points))

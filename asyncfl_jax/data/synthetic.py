@@ -69,23 +69,7 @@ def synthetic_leaf(
       ``[0, num_classes)``, and ``natural_partition`` giving each client's (contiguous, int64) indices into the pooled
       training arrays. Client ``i``'s training examples are stored before client ``i + 1``'s.
     """
-    if num_clients < 1:
-        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-    if num_features < 1:
-        raise ValueError(f"num_features must be >= 1, got {num_features}")
-    if num_classes < 2:
-        raise ValueError(f"num_classes must be >= 2, got {num_classes}")
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}")
-    if beta < 0:
-        raise ValueError(f"beta must be >= 0, got {beta}")
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
-    if min_samples < 1:
-        raise ValueError(f"min_samples must be >= 1, got {min_samples}")
-    if max_samples is not None and max_samples < min_samples:
-        raise ValueError(f"max_samples must be >= min_samples ({min_samples}) or None, got {max_samples}")
-
+    _check_arguments(num_clients, alpha, beta, num_features, num_classes, test_fraction, min_samples, max_samples)
     rng = np.random.default_rng(seed)
     sizes = rng.lognormal(4.0, 2.0, num_clients).astype(np.int64) + min_samples
     if max_samples is not None:
@@ -130,3 +114,24 @@ def synthetic_leaf(
         num_classes=num_classes,
         natural_partition=parts,
     )
+
+
+def _check_arguments(num_clients: int, alpha: float, beta: float, num_features: int, num_classes: int,
+                     test_fraction: float, min_samples: int, max_samples: int | None) -> None:
+    """The ranges of :func:`synthetic_leaf`'s arguments (a ``ValueError`` naming the first one out of range)."""
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if num_features < 1:
+        raise ValueError(f"num_features must be >= 1, got {num_features}")
+    if num_classes < 2:
+        raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    if min_samples < 1:
+        raise ValueError(f"min_samples must be >= 1, got {min_samples}")
+    if max_samples is not None and max_samples < min_samples:
+        raise ValueError(f"max_samples must be >= min_samples ({min_samples}) or None, got {max_samples}")

@@ -9,7 +9,9 @@ The data flow, from a configuration to a :class:`~asyncfl_jax.results.History` (
   start and results arrive; :mod:`~asyncfl_jax.engine.stores`: where a job's work waits;
   :mod:`~asyncfl_jax.engine.jobs`: the vmapped local training);
 * :mod:`~asyncfl_jax.engine.placement`: single device, or jobs / replicas / clients spread over devices;
-* :mod:`~asyncfl_jax.engine.loop`: :func:`prepare_run` and the :class:`HostLoop` with its callbacks
+* :mod:`~asyncfl_jax.engine.options`: :class:`EngineOptions`, the engine's options, each rule written once;
+* :mod:`~asyncfl_jax.engine.loop`: :func:`plan` (the one planning pass; :func:`prepare_run` with keywords) and the
+  :class:`HostLoop` with its callbacks
   (:mod:`~asyncfl_jax.engine.callbacks`: progress, divergence warnings, early stop, checkpoints, metric writers);
 * :func:`simulate`: the short driver over all of it; :func:`make_simulation`: the whole run as one pure function.
 
@@ -30,8 +32,9 @@ from asyncfl_jax.engine.inputs import (LookaheadPlan, ScheduleArrays, StepArrays
                                        lookahead_plan, lookahead_windows, schedule_arrays, slice_steps,
                                        stack_schedules)
 from asyncfl_jax.engine.jobs import INIT_BATCH, INIT_ROUND_STREAM, SERVER_STREAM, Arrivals, Jobs, Trainer, make_trainer
-from asyncfl_jax.engine.loop import ChunkUpdate, HostLoop, Run, metric_shapes, prepare_run
-from asyncfl_jax.engine.placement import (ShardClients, ShardJobs, ShardReplicas, SingleDevice, client_shardings,
+from asyncfl_jax.engine.loop import ChunkUpdate, HostLoop, Run, metric_shapes, plan, prepare_run
+from asyncfl_jax.engine.options import EngineOptions, OptionError
+from asyncfl_jax.engine.placement import (Placement, ShardClients, ShardJobs, ShardReplicas, SingleDevice, client_shardings,
                                           job_sharding, make_placement, per_client_leaves, replica_shardings)
 from asyncfl_jax.engine.simulate import simulate
 from asyncfl_jax.engine.step import (Carry, Program, SimulationOutput, build_program,
@@ -39,7 +42,8 @@ from asyncfl_jax.engine.step import (Carry, Program, SimulationOutput, build_pro
 from asyncfl_jax.engine.stores import Lookahead, TrainAtArrival, TrainAtDispatch
 
 __all__ = [
-    "Arrivals", "CSVLogger", "Carry", "Checkpoints", "ChunkUpdate", "ClockChunk", "DivergenceWarnings", "HostLoop",
+    "Arrivals", "CSVLogger", "Carry", "Checkpoints", "ChunkUpdate", "ClockChunk", "DivergenceWarnings", "EngineOptions",
+    "HostLoop", "OptionError", "Placement", "plan",
     "INIT_BATCH", "INIT_ROUND_STREAM", "InScanClock", "JSONLinesLogger", "Jobs", "Lookahead", "LookaheadPlan",
     "MemoryBudget", "PresampledClock", "ProgressBar", "Program", "Replica", "Run", "SERVER_STREAM",
     "ScheduleArrays", "ShardClients", "ShardJobs", "ShardReplicas", "SimulationOutput", "SingleDevice", "StepArrays",

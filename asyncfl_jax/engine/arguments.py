@@ -6,25 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.arguments import (_got, check_bool, check_callbacks, check_hparams, check_instance, check_int,
                                    check_path, check_seeds, check_str)
 from asyncfl_jax.client import LocalConfig
-from asyncfl_jax.precision import check_precision
+from asyncfl_jax.checkpoint import cadence
 from asyncfl_jax.task import Task
 from asyncfl_jax.timing.clock import EventClock
 from asyncfl_jax.timing.schedule import Schedule
 
 
 def check_simulate(task: Any, algorithm: Any, schedules: Any, local: Any, seeds: Any, hparams: Any, eval_every: Any,
-                   progress: Any, label: Any, shard_jobs: Any, shard_replicas: Any, shard_clients: Any,
-                   lookahead: Any, checkpoint_dir: Any, checkpoint_every: Any, resume: Any, callbacks: Any,
-                   precision: Any, trajectory: Any, replica_batch: Any) -> None:
-    """The types (and simple ranges) of :func:`~asyncfl_jax.engine.simulate`'s arguments, before anything is
-    built; the finer checks (hyper-parameter names and values, seeds' range, schedule sizes) follow in
-    ``prepare_run``."""
+                   progress: Any, label: Any, checkpoint_dir: Any, resume: Any, callbacks: Any) -> None:
+    """The types (and simple ranges) of :func:`~asyncfl_jax.engine.simulate`'s arguments other than the engine
+    options (:class:`~asyncfl_jax.engine.options.EngineOptions` checks those), before anything is built; the finer
+    checks (hyper-parameter names and values, seeds' range, schedule sizes) follow in ``plan``."""
     check_instance("task", task, Task, "a Task (from make_task)")
     check_instance("algorithm", algorithm, Algorithm, "an Algorithm (e.g. afl.fedbuff(), afl.get_algorithm(name))")
     timelines = (Schedule, EventClock)
@@ -41,15 +37,22 @@ def check_simulate(task: Any, algorithm: Any, schedules: Any, local: Any, seeds:
     check_int("eval_every", eval_every, minimum=1, optional=True)  # None: the usual 30 evaluations per run
     check_bool("progress", progress)
     check_str("label", label, optional=True)
-    for name, flag in (("shard_jobs", shard_jobs), ("shard_replicas", shard_replicas),
-                       ("shard_clients", shard_clients), ("resume", resume)):
-        check_bool(name, flag)
-    check_int("lookahead", lookahead, minimum=1)
+    check_bool("resume", resume)
     check_path("checkpoint_dir", checkpoint_dir)
-    check_int("checkpoint_every", checkpoint_every, minimum=1, optional=True)  # None: by wall-clock interval
     check_callbacks(callbacks)
-    check_precision(precision)  # the one message of every entry point: "precision must be one of [...]"
-    if not (trajectory is None or isinstance(trajectory, (bool, np.bool_)) or callable(trajectory)):
-        raise TypeError("trajectory must be True, False/None, or a function of the flat global model (e.g. "
-                        f"lambda x: x[:10]), {_got(trajectory)}")
-    check_int("replica_batch", replica_batch, minimum=1, optional=True)
+
+
+def check_checkpoints(checkpoint_dir: Any, every: Any, interval: Any, final: Any, resume: bool) -> tuple[Any, Any, bool]:
+    """The checkpoint keywords of :func:`~asyncfl_jax.engine.simulate` as ``(every, interval, final)``: ``every`` an
+    integer >= 1 or None, a valid cadence (:func:`~asyncfl_jax.checkpoint.cadence`: not both), ``final`` a bool;
+    ``resume``, ``every`` and ``interval`` need a ``checkpoint_dir``."""
+    check_int("checkpoint_every", every, minimum=1, optional=True)  # None: by wall-clock interval
+    cadence(every, interval)  # invalid values or both: a ValueError before anything runs
+    check_bool("final_checkpoint", final)
+    if resume and checkpoint_dir is None:
+        raise ValueError("resume=True needs a checkpoint_dir to resume from")
+    given = [f"{name} = {value!r}" for name, value in (("checkpoint_every", every), ("checkpoint_interval", interval))
+             if value is not None]
+    if given and checkpoint_dir is None:
+        raise ValueError(f"{given[0]} needs a checkpoint_dir (without one no checkpoint is saved)")
+    return every, interval, bool(final)

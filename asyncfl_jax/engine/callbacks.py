@@ -188,9 +188,7 @@ class Checkpoints:
             label=run.label, algorithm=run.algorithm, local=run.local, replicas=run.replicas,
             schedules=timeline.identity(placed.inputs), num_slots=timeline.num_slots, num_steps=run.num_steps,
             eval_every=run.eval_every, task=run.task, data=placed.data, carry_shape=run.carry_shape,
-            shard_jobs=run.placement.name == "shard_jobs", shard_replicas=run.placement.name == "shard_replicas",
-            shard_clients=run.placement.name == "shard_clients", trajectory=run.trajectory,
-            replica_batch=run.replica_batch, job_executor=run.job_executor)
+            engine=run.options.identity(run))
         self.saved_chunk: int | None = None  # next_chunk of the checkpoint on disk, if it is this run's state
         self.pending: checkpoint.PendingSave | None = None  # a save being written in the background
         self.pending_chunk: int | None = None

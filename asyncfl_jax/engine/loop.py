@@ -25,15 +25,16 @@ from asyncfl_jax.client import LocalConfig, check_optimizer_hparams
 from asyncfl_jax.distributed import check_same_everywhere, largest_everywhere, to_host
 from asyncfl_jax.errors import InputError
 from asyncfl_jax.engine.budget import MemoryBudget, check_compiled, memory_budget
-from asyncfl_jax.engine.executors import make_job_executor, parse_job_executor
+from asyncfl_jax.engine.executors import make_job_executor
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, stack_hparams
-from asyncfl_jax.engine.placement import Placed, ShardJobs, SingleDevice, check_processes
+from asyncfl_jax.engine.options import EngineOptions
+from asyncfl_jax.engine.placement import Placed, Placement, ShardJobs, check_processes
 from asyncfl_jax.engine.replica_groups import GroupedChunk, auto_replica_batch, local_flops_per_step
 from asyncfl_jax.engine.step import Program
 from asyncfl_jax.engine.timelines import make_timeline
 from asyncfl_jax.option_rules import check_unread_hparams
-from asyncfl_jax.precision import cast_task, check_precision, precision_dtype, precision_scope
+from asyncfl_jax.precision import cast_task, precision_dtype, precision_scope
 from asyncfl_jax.task import Task, task_arrays
 
 MAX_TRAJECTORY_BYTES = 1 << 30  # the largest trajectory (replicas x (steps + 1) x one record) a run may record
@@ -153,7 +154,7 @@ class Run:
     replicas: list[Replica]
     timeline: Any
     program: Program
-    placement: SingleDevice
+    placement: Placement
     placed: Placed
     carry_shape: Any
     eval_every: int
@@ -161,7 +162,8 @@ class Run:
     precision: str = "float32"  # the run's float precision (asyncfl_jax.precision)
     trajectory: Any = None  # the shapes of one trajectory record (trajectory_shape), None when off
     replica_batch: int | None = None  # replicas computed together in a chunk (GroupedChunk); None: all of them
-    init: Any = dataclasses.field(default=None, repr=False)  # the jitted vmapped init prepare_run traced (or None)
+    init: Any = dataclasses.field(default=None, repr=False)  # the jitted vmapped init plan traced (or None)
+    options: EngineOptions = dataclasses.field(default_factory=EngineOptions)  # the checked engine options
 
     @property
     def job_executor(self) -> str:
@@ -186,6 +188,11 @@ class Run:
         """The per-client vectors each evaluation records (``History.client_metrics``)."""
         return [k for k, shape in self.metrics.items() if shape != ()]
 
+    def precision_scope(self) -> Any:
+        """The context in which the run's arrays exist (``jax.enable_x64`` set to its precision;
+        :func:`~asyncfl_jax.precision.precision_scope`)."""
+        return precision_scope(self.precision)
+
     def budget(self) -> MemoryBudget:
         """The memory the run's state and data need (per device when placed over several)."""
         from asyncfl_jax.engine.activations import run_activation_bytes  # noqa: PLC0415
@@ -196,49 +203,62 @@ class Run:
 
 def prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None = None,
                 seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None,
-                eval_every: int | None = None, label: str | None = None, placement: SingleDevice | None = None, lookahead: int = 1,
-                replicas: Sequence[Replica] | None = None, precision: str = "float32",
-                trajectory: Any = None, replica_batch: int | None = None, job_executor: Any = "auto") -> Run:
-    """Validates and prepares a run (see :func:`~asyncfl_jax.engine.simulate.simulate` for the arguments).
+                eval_every: int | None = None, label: str | None = None, placement: Placement | None = None, *,
+                replicas: Sequence[Replica] | None = None, **options: Any) -> Run:
+    """:func:`plan` with the engine options as keywords (``lookahead=4``, ``replica_batch=2``...: the fields of
+    :class:`~asyncfl_jax.engine.options.EngineOptions`; see :func:`~asyncfl_jax.engine.simulate.simulate`).
+    ``placement``: a placement object (:func:`~asyncfl_jax.engine.placement.make_placement`) instead of the
+    ``shard_*`` switches."""
+    if placement is not None and placement.name:
+        options = {**options, placement.name: True}
+    return plan(task, algorithm, schedules, EngineOptions.from_keywords(options, "prepare_run()"), local=local,
+                seeds=seeds, hparams=hparams, eval_every=eval_every, label=label, replicas=replicas)
+
+
+def plan(task: Task, algorithm: Algorithm, schedules: Any, options: EngineOptions | None = None, *,
+         local: LocalConfig | None = None, seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None,
+         eval_every: int | None = None, label: str | None = None,
+         replicas: Sequence[Replica] | None = None) -> Run:
+    """The one planning pass: checks the engine ``options`` (:class:`~asyncfl_jax.engine.options.EngineOptions`,
+    each rule once), matches schedules to replicas, builds the program and places its inputs; returns the
+    :class:`Run`, complete (nothing is compiled; :meth:`Run.budget` is known). ``simulate``, ``prepare_run``, the
+    configuration's runs (:func:`~asyncfl_jax.experiment.run_experiment`) and ``asyncfl run`` all come here.
 
     ``replicas`` (optional) gives the replicas directly (e.g. from :func:`make_replicas`) instead of ``seeds`` x
     ``hparams``; schedules given one per seed are then matched to the replicas' distinct seeds in order. The task is
-    converted to ``precision`` (:func:`~asyncfl_jax.precision.cast_task`) inside the precision's scope."""
-    precision = check_precision(precision)
-    record = trajectory_function(trajectory)
-    job_executor = parse_job_executor(job_executor)
-    with precision_scope(precision):
-        run = _prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
-                           replicas, precision, record, job_executor)
-    if replica_batch is None:  # the grouping that suits the backend (replica_groups.py)
-        return dataclasses.replace(run, replica_batch=default_replica_batch(run))
-    return dataclasses.replace(run, replica_batch=check_replica_batch(replica_batch, len(run.replicas),
-                                                                      run.placement))
+    converted to the options' precision (:func:`~asyncfl_jax.precision.cast_task`) inside the precision's scope."""
+    options = (options or EngineOptions()).checked()
+    with precision_scope(options.precision):
+        return _build_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, replicas, options)
 
 
-def default_replica_batch(run: Run) -> int | None:
-    """The replica grouping of a run that does not set ``replica_batch``: all replicas together (None) when placed
-    over several devices or on an accelerator; on a CPU, groups sized from the local training of a server step
+def default_replica_batch(num_replicas: int, timeline: Any, task: Task, local: LocalConfig) -> int | None:
+    """The replica grouping of a run on one device that does not set ``replica_batch``: all replicas together (None)
+    on an accelerator; on a CPU, groups sized from the local training of a server step
     (:func:`~asyncfl_jax.engine.replica_groups.auto_replica_batch`)."""
-    if run.placement.name:  # shard_*: the placement lays the replicas out
-        return None
-    schedules = getattr(run.timeline, "schedules", None)
+    schedules = getattr(timeline, "schedules", None)
     jobs = float(np.mean(schedules[0].uploads_per_step)) if schedules else 1.0  # the event clock: one per step
-    local = run.local
-    work = local_flops_per_step(run.task.num_params, jobs, local.steps, local.batch_size or 32)
-    return auto_replica_batch(len(run.replicas), jax.default_backend(), work)
+    work = local_flops_per_step(task.num_params, jobs, local.steps, local.batch_size or 32)
+    return auto_replica_batch(num_replicas, jax.default_backend(), work)
 
 
-def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
-                 hparams: Mapping[str, Any] | None, eval_every: int | None, label: str | None,
-                 placement: SingleDevice | None, lookahead: int, replicas: Sequence[Replica] | None, precision: str,
-                 record: Callable[[jax.Array], Any] | None, job_executor: Any = "auto") -> Run:
-    lookahead = check_count("lookahead", lookahead, note=" (1: off)")
-    check_model_outputs(task)
-    placement = placement or SingleDevice()
-    if lookahead > 1 and isinstance(placement, ShardJobs):
-        raise ValueError("lookahead > 1 cannot be combined with shard_jobs (the buffered jobs are not placed over the "
-                         "devices); use one of them, or shard_replicas")
+def replica_grouping(options: EngineOptions, num_replicas: int, timeline: Any, task: Task,
+                     local: LocalConfig) -> int | None:
+    """The run's replica groups (None: every replica together, the plain vmap): the ``replica_batch`` option when
+    given (a group of every replica is the plain vmap), none when placed over several devices, else the backend's
+    default (:func:`default_replica_batch`)."""
+    if options.replica_batch is not None:
+        return None if options.replica_batch >= num_replicas else options.replica_batch
+    if options.placement.name:  # shard_*: the placement lays the replicas out
+        return None
+    return default_replica_batch(num_replicas, timeline, task, local)
+
+
+def _replicas_and_local(algorithm: Algorithm, local: LocalConfig | None, seeds: Sequence[int],
+                        hparams: Mapping[str, Any] | None,
+                        replicas: Sequence[Replica] | None) -> tuple[list[Replica], list[int], LocalConfig]:
+    """The replicas (``seeds`` x ``hparams``, or those given), their distinct seeds and the local setting, checked
+    against each other (momentum turned on when a replica sets it)."""
     local = local or LocalConfig()
     if replicas is None:
         replicas = make_replicas(algorithm, seeds, hparams)
@@ -250,17 +270,26 @@ def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalC
     check_unread_hparams(algorithm, local, replicas)  # a swept or set option the algorithm does not read
     if local.use_momentum is False and any(r.hparams["momentum"] != 0 for r in replicas):
         local = dataclasses.replace(local, use_momentum=True)
+    return replicas, list(seeds), local
+
+
+def _build_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
+               hparams: Mapping[str, Any] | None, eval_every: int | None, label: str | None,
+               replicas: Sequence[Replica] | None, options: EngineOptions) -> Run:
+    check_model_outputs(task)
+    placement, precision = options.placement, options.precision
+    replicas, seeds, local = _replicas_and_local(algorithm, local, seeds, hparams, replicas)
     eval_every = check_count("eval_every", default_eval_every(schedules) if eval_every is None else eval_every)
-    timeline = make_timeline(schedules, seeds, replicas, task.num_clients, eval_every, lookahead)
+    timeline = make_timeline(schedules, seeds, replicas, task.num_clients, eval_every, options.lookahead)
     placement.check(len(replicas), task.num_clients)
     check_processes(placement)
     task = cast_task(task, precision)
     shards = jax.device_count() if isinstance(placement, ShardJobs) else 1
-    executor = make_job_executor(job_executor, task.model, task.train.features[:1], shards=shards,
+    executor = make_job_executor(options.job_executor, task.model, task.train.features[:1], shards=shards,
                                  constrain=placement.constrain_jobs)
     program = timeline.program(task, algorithm, local, placement.constrain_jobs, executor)
     data = task_arrays(task)
-    record_shape = None
+    record, record_shape = trajectory_function(options.trajectory), None
     if record is not None:
         record_shape = trajectory_shape(record, data.x0, len(replicas), timeline.num_steps)
         program = dataclasses.replace(program, record=record)
@@ -274,7 +303,8 @@ def _prepare_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalC
     placed = placement.place(carry_shape, hp, keys, data, timeline.inputs, timeline.input_axes, program)
     metrics = metric_shapes(program, data, task.num_clients, carry_shape.server)
     return Run(label or algorithm.name, task, algorithm, local, replicas, timeline, program, placement, placed,
-               carry_shape, eval_every, metrics, precision, record_shape, init=init)
+               carry_shape, eval_every, metrics, precision, record_shape,
+               replica_grouping(options, len(replicas), timeline, task, local), init=init, options=options)
 
 
 def default_eval_every(schedules: Any) -> int:
@@ -322,19 +352,6 @@ class ChunkUpdate:
     def history(self) -> Any:
         """The :class:`~asyncfl_jax.results.History` of the evaluations so far."""
         return self.loop.history()
-
-
-def check_replica_batch(replica_batch: int | None, num_replicas: int, placement: SingleDevice) -> int | None:
-    """Validates ``replica_batch``; returns None when every replica is computed together (the plain vmap)."""
-    if replica_batch is None:
-        return None
-    if isinstance(replica_batch, bool) or not isinstance(replica_batch, (int, np.integer)) or replica_batch < 1:
-        raise ValueError(f"invalid replica_batch = {replica_batch!r}: must be None (all replicas together) or an "
-                         "integer >= 1")
-    if placement.name:  # "" on one device
-        raise ValueError(f"replica_batch cannot be combined with {placement.name}: it computes the replicas of one "
-                         "device in groups; use one of them")
-    return None if replica_batch >= num_replicas else int(replica_batch)
 
 
 def chunk_function(fn: Callable[..., Any], in_axes: tuple[Any, ...], replica_batch: int | None, num_replicas: int,
@@ -442,7 +459,7 @@ class HostLoop:
         if agreeing:
             _signals.start_agreement()
         try:
-            with precision_scope(self.run_spec.precision):
+            with self.run_spec.precision_scope():
                 return self._run(state)
         finally:
             if agreeing:

@@ -2,7 +2,8 @@
 
 The program never looks at devices; a placement decides everything around it:
 
-* :class:`SingleDevice`: everything on the default device (one CPU or accelerator);
+* :class:`SingleDevice`: everything on the default device (one CPU or accelerator); every placement derives from
+  :class:`Placement`, which places nothing;
 * :class:`ShardJobs`: the jobs trained together at a step are split over the devices (``constrain_jobs`` is the only
   hook inside the program); the state is replicated;
 * :class:`ShardReplicas`: the replica axis (seeds x hyper-parameter points) of the carry and the inputs is split over
@@ -48,10 +49,12 @@ class Placed:
     chunk_jit: dict = dataclasses.field(default_factory=dict)
 
 
-class SingleDevice:
-    """One device; nothing is placed."""
+class Placement:
+    """Where a run's arrays live: the base of every placement, which itself keeps everything on the default device
+    (nothing is placed). ``name`` is the ``shard_*`` option that chose it ("" for one device)."""
 
     name = ""
+    splits_state = False  # whether the run's state is split over the devices (and processes): replicas or clients
     constrain_jobs: Callable[[jax.Array], jax.Array] | None = None
 
     def check(self, num_replicas: int, num_clients: int) -> None:
@@ -82,7 +85,11 @@ def job_sharding() -> Any:
     return NamedSharding(_mesh("jobs"), PartitionSpec("jobs"))
 
 
-class ShardJobs(SingleDevice):
+class SingleDevice(Placement):
+    """One device (the default placement): nothing is placed."""
+
+
+class ShardJobs(Placement):
     """The jobs trained together at a step spread over every device."""
 
     name = "shard_jobs"
@@ -105,10 +112,11 @@ def replica_shardings(num_replicas: int) -> tuple[Any, Any]:
     return NamedSharding(mesh, PartitionSpec("replicas")), NamedSharding(mesh, PartitionSpec())
 
 
-class ShardReplicas(SingleDevice):
+class ShardReplicas(Placement):
     """The replica axis over every device; what the replicas share (data, a shared schedule) is replicated."""
 
     name = "shard_replicas"
+    splits_state = True
 
     def check(self, num_replicas: int, num_clients: int) -> None:
         replica_shardings(num_replicas)
@@ -197,10 +205,11 @@ def client_shardings(carry_shape: Any, server_flags: Any, client_flags: Any, num
     return placed, everywhere
 
 
-class ShardClients(SingleDevice):
+class ShardClients(Placement):
     """The per-client state over every device along its client axis (see :func:`client_shardings`)."""
 
     name = "shard_clients"
+    splits_state = True
 
     def check(self, num_replicas: int, num_clients: int) -> None:
         if num_clients % len(jax.devices()):
@@ -226,22 +235,37 @@ class ShardClients(SingleDevice):
         return put_global(part, NamedSharding(_mesh("clients"), PartitionSpec()))
 
 
-def check_processes(placement: SingleDevice) -> None:
+def check_processes(placement: Placement) -> None:
     """Refuses (``ValueError``) a placement that cannot spread a run over several processes: with
     ``jax.distributed`` only ``shard_replicas`` and ``shard_clients`` split the work between the processes (no
     placement, or ``shard_jobs``, would run the whole program on every process, or mix their devices)."""
     n = jax.process_count()
-    if n > 1 and not isinstance(placement, (ShardReplicas, ShardClients)):
+    if n > 1 and not placement.splits_state:
         chosen = placement.name or "no placement"
         raise ValueError(f"this run spans {n} processes (jax.distributed), which needs shard_replicas=True or "
                          f"shard_clients=True to split the work between them; got {chosen}")
 
 
-def make_placement(shard_jobs: bool = False, shard_replicas: bool = False, shard_clients: bool = False) -> SingleDevice:
-    """The placement the ``simulate`` flags ask for (at most one of them)."""
+PLACEMENT_OPTIONS = ("shard_jobs", "shard_replicas", "shard_clients")
+"""The options that choose a placement (at most one of them)."""
+
+
+def placement_conflict(shard_jobs: bool, shard_replicas: bool, shard_clients: bool) -> tuple[str, str] | None:
+    """None when at most one switch is on; else the last one on and the earlier ones it cannot be combined with
+    (``("shard_clients", "shard_jobs or shard_replicas")``)."""
+    on = [name for name, flag in zip(PLACEMENT_OPTIONS, (shard_jobs, shard_replicas, shard_clients)) if flag]
+    if len(on) < 2:
+        return None
+    earlier = PLACEMENT_OPTIONS[:PLACEMENT_OPTIONS.index(on[-1])]
+    return on[-1], " or ".join(earlier)
+
+
+def make_placement(shard_jobs: bool = False, shard_replicas: bool = False, shard_clients: bool = False) -> Placement:
+    """The placement the ``shard_*`` options ask for (at most one of them: :func:`placement_conflict`)."""
+    conflict = placement_conflict(shard_jobs, shard_replicas, shard_clients)
+    if conflict is not None:
+        raise ValueError(f"{conflict[0]} cannot be combined with {conflict[1]}: choose one axis to spread over the "
+                         "devices")
     chosen = [cls for on, cls in ((shard_jobs, ShardJobs), (shard_replicas, ShardReplicas),
                                   (shard_clients, ShardClients)) if on]
-    if len(chosen) > 1:
-        raise ValueError(f"{' and '.join(c.name for c in chosen)} cannot be combined: choose one axis to spread over "
-                         "the devices")
     return chosen[0]() if chosen else SingleDevice()

@@ -1,20 +1,18 @@
-"""``simulate``: the keywords of an experiment mapped onto the engine's pieces (prepare, host loop, callbacks)."""
+"""``simulate``: an experiment's keywords mapped onto the engine: :func:`~asyncfl_jax.engine.loop.plan` (with the
+engine options, :class:`~asyncfl_jax.engine.options.EngineOptions`), the host loop and its callbacks."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from asyncfl_jax.algorithms.base import Algorithm
-from asyncfl_jax.checkpoint import cadence
-from asyncfl_jax.engine.arguments import check_simulate
+from asyncfl_jax.engine.arguments import check_checkpoints, check_simulate
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine.callbacks import Checkpoints, DivergenceWarnings, ProgressBar, StopWhenAllDiverged
-from asyncfl_jax.engine.executors import parse_job_executor
 from asyncfl_jax.engine.history import make_history
-from asyncfl_jax.engine.loop import HostLoop, prepare_run
-from asyncfl_jax.engine.placement import make_placement
-from asyncfl_jax.precision import check_precision, precision_scope
+from asyncfl_jax.engine.loop import HostLoop, Run, plan
+from asyncfl_jax.engine.options import EngineOptions
 from asyncfl_jax.results import History
 from asyncfl_jax.task import Task
 
@@ -23,13 +21,10 @@ logger = logging.getLogger(__name__)
 
 def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None = None,
              seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None,
-             eval_every: int | None = None, progress: bool = True, label: str | None = None,
-             shard_jobs: bool = False, shard_replicas: bool = False,
-             shard_clients: bool = False, lookahead: int = 1, checkpoint_dir: str | None = None,
-             checkpoint_every: int | None = None, checkpoint_interval: float | None = None,
-             resume: bool = False, callbacks: Sequence[Any] = (), final_checkpoint: bool = True,
-             precision: str = "float32", trajectory: bool | Callable[[Any], Any] | None = None,
-             replica_batch: int | None = None, job_executor: str = "auto") -> History:
+             eval_every: int | None = None, progress: bool = True, label: str | None = None, *,
+             checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
+             checkpoint_interval: float | None = None, resume: bool = False, callbacks: Sequence[Any] = (),
+             final_checkpoint: bool = True, **options: Any) -> History:
     """Runs an experiment (all replicas as one vmapped program) and returns its :class:`History`.
 
     Args:
@@ -48,14 +43,6 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         ``asyncfl_jax`` logger; see :class:`~asyncfl_jax.engine.callbacks.ProgressBar`). The memory budget and a
         resume are logged at INFO on the ``asyncfl_jax`` logger (silent unless logging is configured).
       label: name of the run in the History (default: the algorithm's name).
-      shard_jobs, shard_replicas, shard_clients: spread the jobs of a step, the replicas, or the per-client state
-        over all devices (at most one; see :mod:`asyncfl_jax.engine.placement`). Results equal the single-device run
-        up to float rounding. ``shard_replicas`` needs a number of replicas, ``shard_clients`` a number of clients,
-        that is a multiple of the number of devices.
-      lookahead: lookahead batching (``L > 1``, pre-sampled schedules only): the jobs dispatched over up to ``L``
-        server steps are trained together in one vmapped call when the schedule shows that none of them is needed
-        before (see :func:`lookahead_plan`); ``History.lookahead`` reports the windows. The same results as
-        ``L = 1`` up to float rounding (a batched matmul may sum in another order).
       checkpoint_dir: a folder for checkpoints (:class:`~asyncfl_jax.engine.callbacks.Checkpoints`): saved every
         ``checkpoint_interval`` seconds of wall time (default 60, checked after each chunk) or every
         ``checkpoint_every`` chunks, written in the background while the next chunks run; also after the last chunk
@@ -75,68 +62,32 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         ``fn(update)`` with the :class:`~asyncfl_jax.engine.loop.ChunkUpdate` (``update.metrics``, ``update.step``,
         ``update.history()``...), or an object with ``on_start`` / ``on_chunk`` / ``on_end`` hooks, e.g.
         ``CSVLogger(path)``.
-      precision: ``"float32"`` (default) or ``"float64"``: the float precision of the data, the model, the server
-        and client states, the updates, the staleness weights, the hyper-parameters and the metrics (see
-        :mod:`asyncfl_jax.precision`). The run is made with ``jax_enable_x64`` set to match, for its duration
-        only (``jax.enable_x64``; restored afterwards), so a float64 run leaves later float32 runs unchanged.
-      trajectory: record the global model at every server step (small runs): ``True`` records the flat model
-        ``x_t`` [d], a function ``fn(x)`` of the flat model (``task.model.unravel(x)`` gives the parameter pytree)
-        records what it returns (an array or a pytree of arrays, e.g. ``lambda x: x[:10]`` or
-        ``lambda x: {"norm": jnp.linalg.norm(x)}``). ``History.trajectory`` is then ``[R, T + 1, ...]``, index
-        ``t`` the record of ``x_t`` (``t = 0``: the initial model). Recorded inside the compiled scan (its per-step
-        outputs; off: the program is unchanged) and kept in host memory; refused before compiling when ``R x (T +
-        1) x`` one record's bytes exceeds ``engine.loop.MAX_TRAJECTORY_BYTES`` (1 GiB). Works with any
-        ``eval_every``, ``lookahead`` and with checkpoints (the trajectory so far is saved with the state, so a
-        resumed run's trajectory equals the uninterrupted one's). A diverged replica's trajectory repeats the
-        model it keeps once it is frozen.
-      replica_batch: compute the replicas ``g`` at a time in each chunk (the vmapped chunk of ``g`` replicas,
-        called by the host on each group: :mod:`~asyncfl_jax.engine.replica_groups`); ``g`` >= the number of
-        replicas: all together. None (default): all together on an accelerator, and on a CPU groups sized from the
-        local training of a step (one MLP replica at a time, logistic regression in groups of a few, light steps all
-        together), where a vmap over many replicas is slower than the replicas one after another (see
-        docs/benchmarks.md). The same results up to float rounding; one device only (not with ``shard_*``).
-      job_executor: how the jobs trained together at a step are laid out in the program
-        (:mod:`asyncfl_jax.engine.executors`): ``"vmap"`` (one vmapped call), ``"unrolled"`` (written out one after
-        another), ``"grouped:G"`` (vmapped groups of ``G``), or ``"auto"`` (default: ``unrolled`` for convolutional
-        and recurrent models on the CPU backend, where a vmapped convolution runs as a slow grouped convolution;
-        ``vmap`` otherwise). The same results up to float rounding.
+      **options: the engine options as keywords (``shard_jobs``, ``shard_replicas``, ``shard_clients``,
+        ``lookahead``, ``replica_batch``, ``job_executor``, ``precision``, ``trajectory``): the fields of
+        :class:`~asyncfl_jax.engine.options.EngineOptions`, which says what each does; an unknown keyword is a
+        ``TypeError`` naming it.
     """
-    check_simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label, shard_jobs,
-                   shard_replicas, shard_clients, lookahead, checkpoint_dir, checkpoint_every, resume, callbacks,
-                   precision, trajectory, replica_batch)  # types first: a clear error naming the argument
-    cadence(checkpoint_every, checkpoint_interval)  # invalid values or both: a ValueError before anything runs
-    if not isinstance(final_checkpoint, bool):
-        raise TypeError(f"final_checkpoint must be True or False, got {type(final_checkpoint).__name__} "
-                        f"{final_checkpoint!r}")
-    parse_job_executor(job_executor)
-    if resume and checkpoint_dir is None:
-        raise ValueError("resume=True needs a checkpoint_dir to resume from")
-    given = [f"{name} = {value!r}" for name, value in (("checkpoint_every", checkpoint_every),
-                                                       ("checkpoint_interval", checkpoint_interval)) if value is not None]
-    if given and checkpoint_dir is None:
-        raise ValueError(f"{given[0]} needs a checkpoint_dir (without one no checkpoint is saved)")
-    with precision_scope(check_precision(precision)):  # a restored float64 checkpoint needs x64 too
-        return _simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label,
-                         make_placement(shard_jobs, shard_replicas, shard_clients), lookahead, checkpoint_dir,
-                         (checkpoint_every, checkpoint_interval, final_checkpoint), resume, callbacks, precision,
-                         trajectory, replica_batch, job_executor)
+    check_simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label, checkpoint_dir,
+                   resume, callbacks)  # types first: a clear error naming the argument
+    engine = EngineOptions.from_keywords(options).checked()  # each option's rule, before anything is built
+    checkpoints = check_checkpoints(checkpoint_dir, checkpoint_every, checkpoint_interval, final_checkpoint, resume)
+    run = plan(task, algorithm, schedules, engine, local=local, seeds=seeds, hparams=hparams, eval_every=eval_every,
+               label=label)
+    with run.precision_scope():  # a restored float64 checkpoint needs x64 too
+        return run_with_callbacks(run, progress, callbacks, checkpoint_dir, checkpoints, resume)
 
 
-def _simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
-              hparams: Mapping[str, Any] | None, eval_every: int | None, progress: bool, label: str | None,
-              placement: Any, lookahead: int, checkpoint_dir: str | None, checkpoint_options: tuple[Any, Any, bool],
-              resume: bool, callbacks: Sequence[Any], precision: str, trajectory: Any, replica_batch: int | None,
-              job_executor: str = "auto") -> History:
-    run = prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
-                      precision=precision, trajectory=trajectory, replica_batch=replica_batch,
-                      job_executor=job_executor)
+def run_with_callbacks(run: Run, progress: bool, callbacks: Sequence[Any], checkpoint_dir: str | None,
+                       checkpoints: tuple[Any, Any, bool], resume: bool) -> History:
+    """Checks the memory budget, runs the host loop with the default callbacks (and the checkpoints, restored first
+    when ``resume``), and returns the History."""
     budget = run.budget()
     logger.info("%s: %s", run.label, budget.describe())
     budget.check()
     chain = [ProgressBar(progress), DivergenceWarnings(), StopWhenAllDiverged(), *callbacks]
     state = None
     if checkpoint_dir is not None:
-        every, interval, at_end = checkpoint_options
+        every, interval, at_end = checkpoints
         saver = Checkpoints(checkpoint_dir, run, every, interval, at_end=at_end)
         chain.append(saver)
         state = saver.restore() if resume else None
