@@ -226,21 +226,19 @@ def _activation_bytes(cfg: ExperimentConfig, run: Any) -> int:
     only where that is known: ``replica_batch``, or an accelerator without ``replica_batch``; else one)."""
     import jax
 
-    from asyncfl_jax.engine.activations import jobs_in_parallel, local_step_activation_bytes
+    from asyncfl_jax.engine.activations import (jobs_in_parallel, local_step_activation_bytes,
+                                                replicas_trained_together)
 
     d = cfg.data
     train = DATASET_SIZES[d.name][0]
     batch = cfg.local.batch_size or (max(1, train // d.num_clients) if train else 1)
     p = run.protocol
     jobs = p.arrivals_per_step(d.num_clients) if p.aggregation == "count" else 1
-    replicas = _replicas(cfg, run)
-    if cfg.replica_batch is not None:
-        replicas = min(replicas, cfg.replica_batch)
-    elif jax.default_backend() == "cpu" and not (cfg.shard_replicas or cfg.shard_clients):
-        replicas = 1  # grouped automatically on a CPU (engine/replica_groups.py): possibly one at a time
-    replicas = -(-replicas // _devices(cfg))
-    return local_step_activation_bytes(activations_per_example(cfg), batch, jobs_in_parallel(cfg.job_executor, jobs),
-                                       replicas)
+    from asyncfl_jax.engine.options import EngineOptions
+
+    options = EngineOptions.from_config(cfg)
+    together = replicas_trained_together(options, _replicas(cfg, run), jax.default_backend())
+    return local_step_activation_bytes(activations_per_example(cfg), batch, jobs_in_parallel(options, jobs), together)
 
 
 def _devices(cfg: ExperimentConfig) -> int:

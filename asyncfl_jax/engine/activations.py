@@ -60,15 +60,37 @@ def activation_bytes_per_example(apply: Callable[[Any, Any], Any], params: Any, 
     return layer_output_bytes(jax.make_jaxpr(apply)(p, x).jaxpr)
 
 
-def jobs_in_parallel(executor: str, jobs_per_step: int) -> int:
+def jobs_in_parallel(executor: Any, jobs_per_step: int) -> int:
     """How many of a step's ``jobs_per_step`` jobs are trained at the same time by ``executor`` (``"vmap"``,
-    ``"unrolled"``, ``"grouped:G"``; ``"auto"`` counts as one at a time: a lower bound)."""
+    ``"unrolled"``, ``"grouped:G"``, or the :class:`~asyncfl_jax.engine.options.EngineOptions` holding it;
+    ``"auto"`` counts as one at a time: a lower bound)."""
+    executor = str(getattr(executor, "job_executor", executor))
     jobs = max(1, int(jobs_per_step))
     if executor == "vmap":
         return jobs
     if executor.startswith("grouped:"):
         return min(jobs, int(executor.split(":", 1)[1]))
     return 1
+
+
+def replicas_trained_together(options: Any, replicas: int, backend: str) -> int:
+    """How many of ``replicas`` one device trains at the same time under ``options``: ``replica_batch`` at a time
+    when it is given; all of them on an accelerator or when the state is spread over devices; on a CPU otherwise
+    one (grouped automatically, engine/replica_groups.py, possibly one at a time: a lower bound). Divided among the
+    devices the state is spread over."""
+    together = int(replicas)
+    placement = options.placement
+    if options.replica_batch is not None:
+        together = min(together, int(options.replica_batch))
+    elif backend == "cpu" and not placement.splits_state:
+        together = 1
+    return -(-together // _devices_of(placement))
+
+
+def _devices_of(placement: Any) -> int:
+    import jax
+
+    return max(1, jax.device_count()) if placement.splits_state else 1
 
 
 def local_step_activation_bytes(per_example: int, batch: int, jobs: int, replicas: int) -> int:
@@ -92,4 +114,4 @@ def run_activation_bytes(run: Any) -> int:
     if carry is not None:
         devices = len(jax.tree_util.tree_leaves(carry)[0].device_set)
         replicas = -(-replicas // devices)
-    return local_step_activation_bytes(per_example, batch, jobs_in_parallel(run.job_executor, jobs), replicas)
+    return local_step_activation_bytes(per_example, batch, jobs_in_parallel(run.options, jobs), replicas)
