@@ -8,13 +8,16 @@ History in ``checkpoints/fedbuff/`` (as ``asyncfl run`` leaves it, and as ``--re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 
 import numpy as np
+import pytest
 
-from asyncfl_jax.results import History, load_history, load_results, save_history
+from asyncfl_jax.results import (ClientEvaluation, EventClockRecord, History, LookaheadWindows, RunCost, load_history,
+                                 load_results, save_history)
 
 FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "history_v1")
 SAVED = os.path.join(FOLDER, "checkpoints", "fedbuff")
@@ -74,3 +77,48 @@ def test_saving_again_writes_the_first_layout(tmp_path):
             np.testing.assert_array_equal(a[key], b[key])
     shutil.copytree(FOLDER, tmp_path / "copy")
     _check_every_attribute(load_results(str(tmp_path / "copy"))[0])
+
+
+# ---------------------------------------------------------------------------------------------------- the records
+def _core(**extra) -> dict:
+    steps = np.array([0, 1])
+    return dict(label="run", algorithm="fedasync", algorithm_options={}, steps=steps, times=np.zeros((1, 2)),
+                uploads=np.array([[0, 1]]), metrics={"test_loss": np.array([[1.0, 0.5]])}, seeds=[0],
+                hparams=[{"server_lr": 1.0}], diverged_at=np.array([-1]), schedule_stats=[{}], num_steps=1, **extra)
+
+
+def test_the_feature_data_are_records_and_none_without_the_feature():
+    h = History(**_core())
+    assert (h.clients, h.clock, h.windows, h.trajectory) == (None, None, None, None)
+    assert h.cost == RunCost() and h.memory is None and h.compile_seconds == 0.0
+    assert (h.client_metrics, h.client_ids, h.realized_schedules, h.job_steps, h.lookahead) == (None,) * 5
+    windows = LookaheadWindows(4, 2, 2.0, 3, (0, 1, 1, 0))
+    clients = ClientEvaluation({"client_loss": np.ones((1, 2, 3))}, np.array([0, 2, 5]))
+    h = History(**_core(windows=windows, clients=clients, clock=EventClockRecord(None, np.array([[2, 1]])),
+                        cost=RunCost(compile_seconds=2.5, message_bits={"payload": 8, "index": 0})))
+    assert h.lookahead == {"L": 4, "num_windows": 2, "mean_window": 2.0, "max_window": 3,
+                           "window_histogram": [0, 1, 1, 0]}
+    assert h.client_metrics is clients.metrics and h.client_ids is clients.client_ids
+    assert h.job_steps.tolist() == [[2, 1]] and h.realized_schedules is None
+    assert (h.compile_seconds, h.message_bits) == (2.5, {"payload": 8, "index": 0})
+    assert h.summary()["lookahead"] == h.lookahead and h.summary()["compile_seconds"] == 2.5
+
+
+def test_the_first_layouts_names_are_read_only_and_accepted_as_keywords():
+    h = History(**_core(compile_seconds=1.5, memory={"total_bytes": 3}, lookahead={
+        "L": 2, "num_windows": 1, "mean_window": 1.0, "max_window": 1, "window_histogram": [1, 0]},
+        client_metrics={"client_loss": np.ones((1, 2, 1))}, client_ids=np.array([4]), job_steps=np.array([[1]])))
+    assert h.cost == RunCost(compile_seconds=1.5, memory={"total_bytes": 3})
+    assert h.windows == LookaheadWindows(2, 1, 1.0, 1, (1, 0))
+    assert h.clients.client_ids.tolist() == [4] and h.clock.job_steps.tolist() == [[1]]
+    for name in ("compile_seconds", "memory", "lookahead", "client_metrics", "client_ids", "job_steps",
+                 "realized_schedules", "message_bits", "run_seconds", "checkpoint_seconds"):
+        with pytest.raises(AttributeError):
+            setattr(h, name, None)
+    # dataclasses.replace with a name of the first layout replaces that part of its record
+    without = dataclasses.replace(h, client_metrics=None, client_ids=None)
+    assert without.clients is None and without.clock is h.clock and without.cost is h.cost
+    slower = dataclasses.replace(h, run_seconds=9.0)
+    assert slower.cost == RunCost(compile_seconds=1.5, run_seconds=9.0, memory={"total_bytes": 3})
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['clinet_ids'\\]"):
+        History(**_core(clinet_ids=np.array([4])))
