@@ -122,3 +122,21 @@ def test_the_first_layouts_names_are_read_only_and_accepted_as_keywords():
     assert slower.cost == RunCost(compile_seconds=1.5, run_seconds=9.0, memory={"total_bytes": 3})
     with pytest.raises(TypeError, match="unexpected keyword arguments \\['clinet_ids'\\]"):
         History(**_core(clinet_ids=np.array([4])))
+
+
+def test_the_results_package_exports_every_name_of_the_former_module():
+    import asyncfl_jax.results as results
+    from asyncfl_jax import atomic, checkpoint, experiment, outputs
+
+    former = ("ENVIRONMENT_PACKAGES HISTORY_FORMAT History INTEGER_COLUMNS METRIC_COLUMNS Point SeedStats "
+              "TRAJECTORY_KEY VOLATILE_ENVIRONMENT atomic_file environment_info environment_json git_state "
+              "headline_metric histories_dataframe invocation_info load_history load_results lower_is_better "
+              "metrics_csv plot_accuracy point_curves point_name read_metrics_csv read_trajectory remove_history "
+              "save_figure save_history seed_stats swept_names write_atomic write_client_metrics write_results "
+              "write_trajectory").split()
+    assert [n for n in former if not hasattr(results, n)] == []
+    moved = ("OUTPUT_FILES OutputStatus check_output_paths check_saved_runs check_unchanged checkpoint_dir_for "
+             "clean_output config_differences decide_output describe_differences new_output output_status "
+             "run_targets save_realized_schedules save_schedules saved_configurations").split()
+    assert [n for n in moved if getattr(experiment, n, None) is not getattr(outputs, n)] == []
+    assert atomic.atomic_file is outputs.atomic.atomic_file and checkpoint.LoopState.__module__ == "asyncfl_jax.engine.state"
