@@ -139,4 +139,5 @@ def test_the_results_package_exports_every_name_of_the_former_module():
              "clean_output config_differences decide_output describe_differences new_output output_status "
              "run_targets save_realized_schedules save_schedules saved_configurations").split()
     assert [n for n in moved if getattr(experiment, n, None) is not getattr(outputs, n)] == []
-    assert atomic.atomic_file is outputs.atomic.atomic_file and checkpoint.LoopState.__module__ == "asyncfl_jax.engine.state"
+    assert atomic.atomic_file is outputs.atomic.atomic_file
+    assert checkpoint.LoopState.__module__ == "asyncfl_jax.engine.state"
