@@ -55,7 +55,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import jax
 import numpy as np
 
-from asyncfl_jax.results import write_atomic
+from asyncfl_jax.engine.state import LoopState  # (defined here before; the name stays importable here)
+from asyncfl_jax.outputs.atomic import write_atomic
 
 FORMAT = 2  # 1: the carry as raw bytes in state-<chunk>.npz; 2: an orbax folder state-<chunk>/
 RECORD = "checkpoint.json"
@@ -235,22 +236,6 @@ def _differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[s
 
 
 # ---------------------------------------------------------------------------------------------------- state
-@dataclasses.dataclass
-class LoopState:
-    """The host loop's state after a whole number of chunks (what :func:`save` writes and :func:`load` returns)."""
-
-    next_chunk: int
-    eval_steps: list[int]
-    metrics: dict[str, list[np.ndarray]]  # name -> one [R] array per evaluation
-    reported: set[int]
-    stopped_early: bool
-    compile_seconds: float
-    run_seconds: float
-    carry: Any  # the carry pytree (device arrays when running; host arrays as loaded)
-    traces: dict[str, list[np.ndarray]] = dataclasses.field(default_factory=dict)  # name -> [R, steps] per chunk
-    checkpoint_seconds: float = 0.0  # wall time the loop waited for checkpoint saves (part of run_seconds)
-
-
 def _is_primary() -> bool:
     """Whether this process writes the record and deletes files (process 0; every process of a multi-host run calls
     :func:`save` and :func:`load`, and orbax has each one write or read its own shards)."""

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from asyncfl_jax import cli, experiment, outputs, results
+from asyncfl_jax import cli, experiment, outputs
 from asyncfl_jax.config import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -308,7 +308,7 @@ def test_an_oserror_during_each_write_leaves_a_folder_that_continues_to_the_same
     """The first atomic write of ``target`` leaves a half-written temporary file (as a kill would) and fails with
     ENOSPC; the same call again (continuing when the folder holds an unfinished run) gives the results of an
     uninterrupted run, and no temporary file is left."""
-    real = results.atomic_file
+    real = outputs.atomic.atomic_file  # every file of the package is written through it
     hits = []
 
     def failing(path):
@@ -321,7 +321,7 @@ def test_an_oserror_during_each_write_leaves_a_folder_that_continues_to_the_same
 
     out = tmp_path / "out"
     cfg = cli.config_from_argv(["--out", str(out), *TINY])
-    monkeypatch.setattr(results, "atomic_file", failing)
+    monkeypatch.setattr(outputs.atomic, "atomic_file", failing)
     with pytest.raises(OSError, match="injected"):  # a checkpoint after every chunk: every file is written
         experiment.run_config(cfg, progress=False, plot=False, checkpoint_every=1)
     monkeypatch.undo()

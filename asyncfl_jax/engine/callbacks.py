@@ -30,6 +30,7 @@ import numpy as np
 
 from asyncfl_jax import checkpoint
 from asyncfl_jax.engine.history import progress_axes as run_progress_axes
+from asyncfl_jax.engine.state import LoopState
 from asyncfl_jax.results import headline_metric, lower_is_better, point_name, swept_names
 
 
@@ -196,7 +197,7 @@ class Checkpoints:
         self._signals = contextlib.ExitStack()
         self.stop: Any = None
 
-    def restore(self) -> checkpoint.LoopState | None:
+    def restore(self) -> LoopState | None:
         """The saved state of this run, or None when the folder has no checkpoint (read straight into the carry's
         placement when it is spread over devices)."""
         state = checkpoint.load(self.directory, self.identity, self.run.carry_shape, shardings=self.run.placed.carry)

@@ -7,16 +7,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from asyncfl_jax import checkpoint
 from asyncfl_jax.algorithms.compression import message_bits
 from asyncfl_jax.distributed import to_host
+from asyncfl_jax.engine.state import LoopState
 from asyncfl_jax.engine.step import is_trajectory_entry
 from asyncfl_jax.precision import precision_scope
-from asyncfl_jax.results import History
+from asyncfl_jax.results import ClientEvaluation, EventClockRecord, History, LookaheadWindows, RunCost
 from asyncfl_jax.timing.schedule import Schedule
 
 
-def make_history(run: Any, state: checkpoint.LoopState) -> History:
+def make_history(run: Any, state: LoopState) -> History:
     """The History of ``run`` (an :class:`~asyncfl_jax.engine.loop.Run`) after the evaluations of ``state`` (virtual times and uploads read from each replica's
     schedule: the given one, or the one the event clock realized)."""
     with precision_scope(run.precision):
@@ -34,7 +34,7 @@ def trajectory_of(run: Any, traces: dict[str, list[np.ndarray]], num_steps: int)
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def _make_history(run: Any, state: checkpoint.LoopState) -> History:
+def _make_history(run: Any, state: LoopState) -> History:
     steps = np.asarray(state.eval_steps)
     timeline, algorithm, task = run.timeline, run.algorithm, run.task
     # Device values are gathered from every process in a multi-process run (a collective: every process builds the
@@ -44,6 +44,9 @@ def _make_history(run: Any, state: checkpoint.LoopState) -> History:
     realized = timeline.realized(traces, state.carry, int(steps[-1]))
     init_uploads = task.num_clients if algorithm.init_round is not None else 0
     payload, index = message_bits(algorithm, int(task.model.num_params))
+    job_steps = timeline.job_steps(traces, int(steps[-1]))  # under the event clock; None otherwise
+    schedules = realized if timeline.records_schedules else None  # the event clock's (decided during the run)
+    windows = timeline.lookahead_info()
     return History(
         label=run.label,
         algorithm=algorithm.name,
@@ -51,32 +54,38 @@ def _make_history(run: Any, state: checkpoint.LoopState) -> History:
         steps=steps,
         times=np.stack([_times_at(s, steps) for s in realized]),
         uploads=np.stack([_uploads_at(s, steps) + init_uploads for s in realized]),
-        message_bits={"payload": int(payload), "index": int(index)},
         metrics={k: np.stack(state.metrics[k], axis=1) for k in run.metric_names},
-        client_metrics=({k: np.stack(state.metrics[k], axis=1) for k in run.client_metric_names}
-                        if run.client_metric_names else None),
-        client_ids=None if task.eval_client_ids is None else np.asarray(task.eval_client_ids, np.int64),
         seeds=[r.seed for r in run.replicas],
         hparams=[dict(r.hparams) for r in run.replicas],
         diverged_at=diverged_at,
         schedule_stats=timeline.summaries(realized),
         num_steps=run.num_steps,
         stopped_early=state.stopped_early,
-        compile_seconds=state.compile_seconds,
-        run_seconds=state.run_seconds,
-        checkpoint_seconds=state.checkpoint_seconds,
-        final_params=final_params,
-        memory=run.budget().as_dict(),
-        realized_schedules=realized if timeline.records_schedules else None,
-        lookahead=timeline.lookahead_info(),
-        job_steps=timeline.job_steps(traces, int(steps[-1])),
-        local_steps=local_steps_at(run, realized, steps, timeline.job_steps(traces, int(steps[-1])), init_uploads),
         precision=run.precision,
+        local_steps=local_steps_at(run, realized, steps, job_steps, init_uploads),
+        final_params=final_params,
+        cost=RunCost(compile_seconds=state.compile_seconds, run_seconds=state.run_seconds,
+                     checkpoint_seconds=state.checkpoint_seconds, memory=run.budget().as_dict(),
+                     message_bits={"payload": int(payload), "index": int(index)}),
+        clients=_client_evaluation(run, state),
+        clock=None if schedules is None and job_steps is None else EventClockRecord(schedules, job_steps),
+        windows=None if windows is None else LookaheadWindows.from_dict(windows),
         trajectory=trajectory_of(run, state.traces, int(steps[-1])),
     )
 
 
-def progress_axes(run: Any, state: checkpoint.LoopState) -> dict[str, np.ndarray]:
+def _client_evaluation(run: Any, state: LoopState) -> ClientEvaluation | None:
+    """The per-client metrics [R, E, C] of the evaluations of ``state`` and the evaluated clients' ids (None
+    without a per-client test split)."""
+    ids = run.task.eval_client_ids
+    metrics = ({k: np.stack(state.metrics[k], axis=1) for k in run.client_metric_names}
+               if run.client_metric_names else None)
+    if metrics is None and ids is None:
+        return None
+    return ClientEvaluation(metrics, None if ids is None else np.asarray(ids, np.int64))
+
+
+def progress_axes(run: Any, state: LoopState) -> dict[str, np.ndarray]:
     """Where every replica stands at the last evaluation of ``state`` on the axes that compare runs with different
     uploads per step: ``time`` (virtual), ``uploads`` and ``local_steps`` (:func:`local_steps_at`), each float [R];
     the History's values, without building the whole History (no parameters copied, no schedule statistics)."""

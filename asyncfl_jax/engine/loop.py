@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from asyncfl_jax import _signals, checkpoint
+from asyncfl_jax import _signals
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig, check_optimizer_hparams
 from asyncfl_jax.distributed import check_same_everywhere, largest_everywhere, to_host
@@ -31,6 +31,7 @@ from asyncfl_jax.engine.hparams import Replica, make_replicas, replica_keys, sta
 from asyncfl_jax.engine.options import EngineOptions
 from asyncfl_jax.engine.placement import Placed, Placement, ShardJobs, check_processes
 from asyncfl_jax.engine.replica_groups import GroupedChunk, auto_replica_batch, local_flops_per_step
+from asyncfl_jax.engine.state import LoopState
 from asyncfl_jax.engine.step import Program
 from asyncfl_jax.engine.timelines import make_timeline
 from asyncfl_jax.option_rules import check_unread_hparams
@@ -387,7 +388,7 @@ class HostLoop:
                           for frozen, fn in ((False, program.advance), (True, program.frozen_advance))}
         self.eval_fn = functools.partial(evaluate_replicas, run.algorithm.params, program.evaluate)
         self.record_fn = jax.jit(jax.vmap(program.trajectory_record))  # x_0's record (the trajectory's first)
-        self.state: checkpoint.LoopState | None = None
+        self.state: LoopState | None = None
         self.compiled: dict[tuple[int, bool], Any] = {}
         self.loop_compile_seconds = 0.0
         self.excluded_seconds = 0.0
@@ -403,7 +404,7 @@ class HostLoop:
         already see it)."""
         self.state.stopped_early = True
 
-    def initial_state(self, carry: Any = None) -> checkpoint.LoopState:
+    def initial_state(self, carry: Any = None) -> LoopState:
         """Compiles and runs the initialization (or starts from ``carry``, a vmapped carry of the run's shapes); the
         first evaluation (step 0)."""
         placed = self.run_spec.placed
@@ -417,13 +418,13 @@ class HostLoop:
         traces = {}
         if self.run_spec.trajectory is not None:  # x_0's record: the trajectory's step axis starts at 0
             traces = {k: [np.asarray(v)[:, None]] for k, v in to_host(self.record_fn(carry.server)).items()}
-        return checkpoint.LoopState(
+        return LoopState(
             next_chunk=0, eval_steps=[0], metrics={k: [np.asarray(first[k])] for k in self.run_spec.metrics},
             reported=set(),
             stopped_early=False, compile_seconds=time.perf_counter() - t0, run_seconds=0.0, carry=carry,
             traces=traces)
 
-    def restored(self, state: checkpoint.LoopState) -> checkpoint.LoopState:
+    def restored(self, state: LoopState) -> LoopState:
         """A restored state with its carry on the devices a fresh run's carry would be (the same programs)."""
         placed = self.run_spec.placed
         t0 = time.perf_counter()
@@ -452,7 +453,7 @@ class HostLoop:
         return make_history(self.run_spec, self.state)
 
     # ------------------------------------------------------------------------------------------------ running
-    def run(self, state: checkpoint.LoopState | None = None) -> checkpoint.LoopState:
+    def run(self, state: LoopState | None = None) -> LoopState:
         """Runs the remaining chunks from ``state`` (restored) or from the start; returns the final state (in the
         run's precision scope, :func:`~asyncfl_jax.precision.precision_scope`)."""
         agreeing = jax.process_count() > 1  # every process stops after the same chunk: on the signal they agree on
@@ -465,7 +466,7 @@ class HostLoop:
             if agreeing:
                 _signals.end_agreement()
 
-    def _run(self, state: checkpoint.LoopState | None) -> checkpoint.LoopState:
+    def _run(self, state: LoopState | None) -> LoopState:
         self.state = self.initial_state() if state is None else self.restored(state)
         self._compile_before, self._run_before = self.state.compile_seconds, self.state.run_seconds
         self._start_wall = time.perf_counter()
