@@ -56,7 +56,6 @@ import jax
 import numpy as np
 
 from asyncfl_jax.engine.state import LoopState  # (defined here before; the name stays importable here)
-from asyncfl_jax.outputs.atomic import write_atomic
 
 FORMAT = 2  # 1: the carry as raw bytes in state-<chunk>.npz; 2: an orbax folder state-<chunk>/
 RECORD = "checkpoint.json"
@@ -571,6 +570,8 @@ def _write_record(path: str, body: Mapping[str, Any]) -> None:
     _fsync(directory)  # the rename of the finalized folder
     record = {**body, "state_files": _file_hashes(state_path, sync=True)}
     record[CHECKSUM] = record_checksum(record)
+    from asyncfl_jax.outputs.atomic import write_atomic  # here: the output folder's package imports the configuration
+
     write_atomic(path, json.dumps(record, indent=1) + "\n")
 
 

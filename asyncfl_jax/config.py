@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from asyncfl_jax.algorithms import REGISTRY, get_algorithm
 from asyncfl_jax.algorithms.defaults import EVAL_POINTS, RUN_DEFAULTS, eval_every_for, run_hparam_defaults
 from asyncfl_jax.engine.options import EngineOptions, OptionError
-from asyncfl_jax.errors import InputError
+from asyncfl_jax.errors import ConfigError, InputError  # noqa: F401 (ConfigError: importable from here)
 from asyncfl_jax.option_rules import UnreadOption, check_config
 from asyncfl_jax.timing.delays import DelayModel
 from asyncfl_jax.timing.traces import check_trace_config, is_trace_config, trace_from_config
@@ -34,10 +34,6 @@ MODELS = ("logreg", "mlp", *IMAGE_MODELS, "area_logreg", *TEXT_MODELS)
 PROTOCOLS = ("all_active", "concurrent", "synchronous", "event_clock")
 REFILLS = ("immediate", "boundary")
 AGGREGATIONS = ("count", "periodic", "poisson")
-
-
-class ConfigError(InputError):
-    """An invalid option: the message names the option, the value and what is allowed."""
 
 
 def _fail(option: str, value: Any, allowed: str) -> None:

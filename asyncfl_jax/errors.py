@@ -14,6 +14,12 @@ class InputError(ValueError):
     """Bad input the user can fix (an option, a data or schedule file); the message says what and how."""
 
 
+class ConfigError(InputError):
+    """An invalid option: the message names the option, the value and what is allowed (also importable as
+    ``asyncfl_jax.config.ConfigError``; defined here so that low modules, such as the output folder's, can raise it
+    without importing the configuration)."""
+
+
 class PartitionError(InputError):
     """The dataset cannot be split over the clients as asked (more clients than examples, a ``min_size`` or a number
     of shards the data cannot give)."""

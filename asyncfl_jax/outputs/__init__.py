@@ -28,6 +28,8 @@ left by a killed write next to a listed file are removed at the next start (:fun
 """
 
 
+from typing import Any
+
 from asyncfl_jax.outputs import atomic
 from asyncfl_jax.outputs.atomic import atomic_file, save_figure, write_atomic
 from asyncfl_jax.outputs.lock import (LOCK_NAME, OutputLock, OutputLockedError, live_holder, read_lock,
@@ -37,12 +39,26 @@ from asyncfl_jax.outputs.manifest import (KINDS, MANIFEST_FORMAT, MANIFEST_NAME,
                                           unlisted_targets)
 from asyncfl_jax.outputs.paths import (LABEL_MAX_BYTES, RUNS_FOLDER, check_label, check_labels, check_output_name,
                                        checkpoint_dir_for, new_output_folder, path_inside, relative_parts)
-from asyncfl_jax.outputs.status import (OUTPUT_FILES, SHOWN_DIFFERENCES, OutputStatus, check_output_paths,
-                                        check_saved_runs, check_unchanged, comparable, config_differences,
-                                        decide_output, describe_differences, output_status, resolved_dict,
-                                        run_targets, saved_configurations)
-from asyncfl_jax.outputs.writing import (clean_output, holds_results, new_output, save_realized_schedules,
-                                         save_schedules, start_writing)
+# status and writing read the configuration (asyncfl_jax.config), which imports the engine, which imports this
+# package: they are imported on first use (PEP 562), so that importing the output folder's package never needs them.
+_LAZY = {
+    "status": ("OUTPUT_FILES", "SHOWN_DIFFERENCES", "OutputStatus", "check_output_paths", "check_saved_runs",
+               "check_unchanged", "comparable", "config_differences", "decide_output", "describe_differences",
+               "output_status", "resolved_dict", "run_targets", "saved_configurations"),
+    "writing": ("clean_output", "holds_results", "new_output", "save_realized_schedules", "save_schedules",
+                "start_writing"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    for module, names in _LAZY.items():
+        if name in names or name == module:
+            loaded = importlib.import_module(f"asyncfl_jax.outputs.{module}")
+            return loaded if name == module else getattr(loaded, name)
+    raise AttributeError(f"module 'asyncfl_jax.outputs' has no attribute {name!r}")
+
 
 __all__ = [
     "KINDS", "LABEL_MAX_BYTES", "LOCK_NAME", "MANIFEST_FORMAT", "MANIFEST_NAME", "OUTPUT_FILES", "RUNS_FOLDER",

@@ -12,7 +12,7 @@ import os
 import socket
 from typing import Any, Mapping
 
-from asyncfl_jax.config import ConfigError
+from asyncfl_jax.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import os
 import re
 from typing import Any, Iterable, Mapping
 
-from asyncfl_jax.config import ConfigError
+from asyncfl_jax.errors import ConfigError
 from asyncfl_jax.outputs import atomic
 from asyncfl_jax.outputs.lock import LOCK_NAME
 from asyncfl_jax.outputs.paths import relative_parts, path_inside

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from asyncfl_jax.config import ConfigError, RunConfig
+from asyncfl_jax.errors import ConfigError
+
+if TYPE_CHECKING:
+    from asyncfl_jax.config import RunConfig
 
 LABEL_MAX_BYTES = 100  # "<label>-seed<s>-replica<r>.npz" stays well below the usual 255-byte name limit
 
