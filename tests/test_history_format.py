@@ -141,3 +141,11 @@ def test_the_results_package_exports_every_name_of_the_former_module():
     assert [n for n in moved if getattr(experiment, n, None) is not getattr(outputs, n)] == []
     assert atomic.atomic_file is outputs.atomic.atomic_file
     assert checkpoint.LoopState.__module__ == "asyncfl_jax.engine.state"
+
+
+def test_every_field_is_a_parameter_of_the_constructor():
+    """History's constructor is written out (it also takes the first layout's names): a new field needs it there."""
+    import inspect
+
+    parameters = list(inspect.signature(History.__init__).parameters)[1:-1]
+    assert parameters == [f.name for f in dataclasses.fields(History)]

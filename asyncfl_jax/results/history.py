@@ -94,8 +94,8 @@ class History:
                  clock: EventClockRecord | None = None, windows: LookaheadWindows | None = None,
                  trajectory: Any = None, **first_layout: Any) -> None:
         """The fields above; ``first_layout``: flat fields of the first layout (e.g. ``compile_seconds=...``,
-        ``client_metrics=...``), each replacing its part of the record (:func:`~asyncfl_jax.results.records.
-        grouped_fields`)."""
+        ``client_metrics=...``), each replacing its part of the record
+        (:func:`~asyncfl_jax.results.records.grouped_fields`). A field added to the class must be added here too."""
         self.label, self.algorithm, self.algorithm_options = label, algorithm, algorithm_options
         self.steps, self.times, self.uploads, self.metrics = steps, times, uploads, metrics
         self.seeds, self.hparams, self.diverged_at = seeds, hparams, diverged_at
