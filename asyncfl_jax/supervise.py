@@ -96,14 +96,15 @@ RUNTIME_LOG = re.compile(r"^[EW]\d{4} [\d:.]+\s+\d+ coordination_service\S*\.cc:
 
 def _relay(stream: IO[str], out: IO[str], report: list[str]) -> None:
     """Copies the child's stderr to ``out`` line by line until the runtime's fatal report starts; the report and
-    what follows (the C++ stack trace) go to ``report`` instead. The coordination service's own error lines are held
-    back until the next other line: dropped when the fatal report follows them, printed otherwise."""
+    what follows (the C++ stack trace) go to ``report`` instead. The coordination service's own error lines (and the
+    lines that continue them) are held back until the next line of the command (``asyncfl...``): dropped when the
+    fatal report follows them, printed otherwise."""
     held: list[str] = []
     for line in stream:
         if report or FATAL_MARK in line:
             report.append(line)
             continue
-        if RUNTIME_LOG.match(line):
+        if RUNTIME_LOG.match(line) or (held and not line.startswith("asyncfl")):
             held.append(line)
             continue
         out.write("".join(held) + line)

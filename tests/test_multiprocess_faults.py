@@ -213,6 +213,7 @@ def test_the_supervisor_turns_the_runtimes_fatal_report_into_exit_2_and_one_mess
         "import os, sys\n"
         "print('asyncfl: writing to out', file=sys.stderr, flush=True)\n"
         "sys.stderr.write('E1128 08:21:04.454474   14694 coordination_service_agent.cc:289] Polled an error\\n')\n"
+        "sys.stderr.write('1\\nThe tasks have crashed. Check the task logs\\n')\n"
         "sys.stderr.write('F1128 08:21:04.454 14694 client.h:80] " + supervise.FATAL_MARK + ". absl::Status: "
         "UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):\\n1\\n"
         "*** Check failure stack trace: ***\\n    @     0x7fab46640634  absl::LogMessage::SendToLog()\\n')\n"
@@ -227,6 +228,7 @@ def test_the_supervisor_turns_the_runtimes_fatal_report_into_exit_2_and_one_mess
             "was killed, or the coordinator (process 0) is gone (UNAVAILABLE: The following tasks are unhealthy "
             "(stopped sending heartbeats): 1)") in err, err
     assert "Check failure" not in err and "client.h" not in err and "coordination_service_agent" not in err, err
+    assert "The tasks have crashed" not in err, err  # the continued lines of a held log line are held too
 
 
 @pytest.mark.parametrize("code", [0, 3, -signal.SIGTERM])
@@ -235,11 +237,12 @@ def test_the_supervisor_passes_the_childs_exit_status_and_output_through(tmp_pat
 
     body = f"os.kill(os.getpid(), {-code})" if code < 0 else f"sys.exit({code})"
     command = [sys.executable, "-c", "import os, sys\nprint('a line', file=sys.stderr)\n"
-               "print('E1128 08:00:00.1 1 coordination_service.cc:1] kept', file=sys.stderr)\n" + body]
+               "print('E1128 08:00:00.1 1 coordination_service.cc:1] kept', file=sys.stderr)\n"
+               "print('its second line', file=sys.stderr)\n" + body]
     assert supervise.run_supervised([], "process 0 of 2", 6, None, command=command) == (128 - code if code < 0
                                                                                           else code)
     err = capfd.readouterr().err
-    assert "a line" in err and "coordination_service.cc:1] kept" in err and "asyncfl: error" not in err
+    assert "a line" in err and "coordination_service.cc:1] kept\nits second line" in err and "asyncfl: error" not in err
 
 
 def test_a_collective_that_fails_for_a_lost_peer_is_exit_2_naming_the_process(monkeypatch, capsys):
