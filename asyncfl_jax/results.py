@@ -6,7 +6,7 @@ Results schema (one output folder per ``asyncfl run``):
 * ``environment.json``: what produced the results: versions of Python, asyncfl_jax, jax, jaxlib, flax, optax and
   numpy, the JAX backend, the device kinds and count, the operating system, and the resolved configuration.
 * ``metrics.csv``: one row per (run, replica, evaluation) with columns
-  ``run, algorithm, replica, seed, <swept hyper-parameters...>, point, step, time, uploads, local_steps, <metrics...>,
+  ``run, algorithm, replica, seed, <label keys...>, <swept hyper-parameters...>, point, step, time, uploads, local_steps, <metrics...>,
   diverged_at``. ``point`` numbers the replica's hyper-parameter point within its run (0, 1, ... in first-seen
   order; the swept columns name it), ``step`` is the number of server steps applied, ``time`` the virtual time,
   ``uploads`` the number of client results the server has received, ``local_steps`` the local steps (minibatch
@@ -90,6 +90,12 @@ def point_name(swept: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in swept.items())
 
 
+def label_name(label: dict[str, Any]) -> str:
+    """``delays=lognormal, P=0.5`` of a replica's label (a string label, key ``setting``, by itself)."""
+    return ", ".join(str(v) if k == "setting" else f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in label.items())
+
+
 @dataclasses.dataclass(frozen=True)
 class Point:
     """One hyper-parameter point of a run: the replicas that share every hyper-parameter value (they differ by seed).
@@ -98,6 +104,7 @@ class Point:
       index: position among the run's points (first-seen order of the replicas).
       hparams: every hyper-parameter value of the point; ``swept``: those that differ between the run's points.
       replicas: indices of its replicas (into ``History.seeds``); ``seeds``: their seeds, in the same order.
+      label: the label its replicas share (explicit replicas, ``History.labels``); ``{}`` without labels.
     """
 
     index: int
@@ -105,11 +112,13 @@ class Point:
     swept: dict[str, float]
     replicas: tuple[int, ...]
     seeds: tuple[int, ...]
+    label: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
-        """``alpha=0.3, server_lr=1`` (the swept values); ``""`` when the run sweeps nothing."""
-        return point_name(self.swept)
+        """``alpha=0.3, server_lr=1`` (the swept values), after the label's values (``delays=lognormal``; a string
+        label by itself); ``""`` when the run sweeps nothing and has no labels."""
+        return ", ".join(filter(None, [label_name(self.label), point_name(self.swept)]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +174,9 @@ class History:
         val_accuracy, val_loss with a validation split; client_accuracy_mean, client_accuracy_worst10, ... with a
         per-client test split, see :func:`asyncfl_jax.task.make_evaluator`).
       seeds: the training seed of each replica; ``hparams`` its hyper-parameters.
+      labels: with explicit replicas (``simulate(..., replicas=[ReplicaSpec(...)])``), each replica's label, a dict
+        of plain values naming its setting (a column per key in :meth:`rows`, ``to_dataframe()`` and
+        ``metrics.csv``); None without labels.
       diverged_at: int [R] first server step whose model had a NaN/inf (-1: never).
       schedule_stats: staleness/participation summary of the schedule (one entry, or one per replica).
       num_steps: planned server steps; ``stopped_early`` is True when every replica diverged before the end.
@@ -223,6 +235,7 @@ class History:
     precision: str = "float32"
     trajectory: Any = None
     local_steps: np.ndarray | None = None
+    labels: list[dict[str, Any]] | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -289,15 +302,22 @@ class History:
             raise KeyError(f"{self.label}: no metric {metric!r}; the History has {sorted(self.metrics)}")
         return metric
 
+    def replica_label(self, r: int) -> dict[str, Any]:
+        """Replica ``r``'s label (``{}`` without labels)."""
+        return dict(self.labels[r]) if self.labels else {}
+
     def points(self) -> list[Point]:
-        """The hyper-parameter points of the run: replicas grouped by all their hyper-parameter values (so by seed
-        within a point), in first-seen order; each point is named by its swept values."""
+        """The hyper-parameter points of the run: replicas grouped by their label and all their hyper-parameter
+        values (so by seed within a point), in first-seen order; each point is named by its label and swept
+        values."""
         swept = self.swept
         groups: dict[tuple, list[int]] = {}
         for r, h in enumerate(self.hparams):
-            groups.setdefault(tuple(sorted(h.items())), []).append(r)
+            key = (tuple(sorted(self.replica_label(r).items(), key=lambda kv: kv[0])), tuple(sorted(h.items())))
+            groups.setdefault(key, []).append(r)
         return [Point(i, dict(self.hparams[rs[0]]), {k: self.hparams[rs[0]][k] for k in swept}, tuple(rs),
-                      tuple(int(self.seeds[r]) for r in rs)) for i, rs in enumerate(groups.values())]
+                      tuple(int(self.seeds[r]) for r in rs), self.replica_label(rs[0]))
+                for i, rs in enumerate(groups.values())]
 
     def point_index(self) -> np.ndarray:
         """int [R]: the point (index into :meth:`points`) of each replica."""
@@ -325,7 +345,8 @@ class History:
         out = []
         for p, final, best in zip(self.points(), self.point_stats(metric, "final"), self.point_stats(metric, "best")):
             out.append({
-                "point": p.index, "name": p.name, "hparams": p.hparams, "swept": p.swept,
+                "point": p.index, "name": p.name, **({"label": p.label} if self.labels else {}),
+                "hparams": p.hparams, "swept": p.swept,
                 "replicas": list(p.replicas), "seeds": list(p.seeds), "metric": metric,
                 "final": {"mean": final.mean, "std": final.std, "n": final.n},
                 "best": {"mean": best.mean, "std": best.std, "n": best.n},
@@ -334,13 +355,14 @@ class History:
         return out
 
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per (replica, evaluation): the rows of ``metrics.csv`` (run, algorithm, replica, seed, swept
-        values, point, step, time, uploads, every metric, diverged_at)."""
+        """One dict per (replica, evaluation): the rows of ``metrics.csv`` (run, algorithm, replica, seed, the label's
+        keys, swept values, point, step, time, uploads, every metric, diverged_at)."""
         out = []
         swept, points = self.swept, self.point_index()
         for r in range(self.num_replicas):
             for e, step in enumerate(self.steps):
-                row = {"run": self.label, "algorithm": self.algorithm, "replica": r, "seed": self.seeds[r]}
+                row = {"run": self.label, "algorithm": self.algorithm, "replica": r, "seed": self.seeds[r],
+                       **self.replica_label(r)}
                 row.update({k: self.hparams[r][k] for k in swept})
                 row.update({"point": int(points[r]), "step": int(step), "time": float(self.times[r, e]),
                             "uploads": int(self.uploads[r, e])})
@@ -369,7 +391,8 @@ class History:
             "steps_done": int(self.steps[-1]),
             "stopped_early": self.stopped_early,
             "metric": metric,
-            "replicas": [{"seed": s, "hparams": h} for s, h in zip(self.seeds, self.hparams)],
+            "replicas": [{"seed": s, "hparams": h, **({"label": self.replica_label(r)} if self.labels else {})}
+                         for r, (s, h) in enumerate(zip(self.seeds, self.hparams))],
             **{f"final_{m}": _floats(self.final(m)) for m in self.metrics},
             f"best_{metric}": _floats(self.best(metric)),
             "points": self.point_summaries(metric),
@@ -494,7 +517,8 @@ def _history_from_files(entry: dict[str, Any], rows: list[dict[str, str]], path:
     name = entry["run"]
     seeds = [int(r["seed"]) for r in entry["replicas"]]
     hparams = [dict(r["hparams"]) for r in entry["replicas"]]
-    swept = set(swept_names(hparams))
+    labels = [dict(r["label"]) for r in entry["replicas"]] if any("label" in r for r in entry["replicas"]) else None
+    swept = set(swept_names(hparams)) | {k for label in labels or [] for k in label}
     by_replica: dict[int, list[dict[str, str]]] = {}
     for row in rows:
         by_replica.setdefault(int(row["replica"]), []).append(row)
@@ -513,7 +537,7 @@ def _history_from_files(entry: dict[str, Any], rows: list[dict[str, str]], path:
     return History(
         label=name, algorithm=entry["algorithm"], algorithm_options=entry["algorithm_options"],
         steps=np.asarray(steps, dtype=np.int64), times=table("time", np.float64), uploads=table("uploads", np.int64),
-        metrics={m: table(m, np.float64) for m in metric_names}, seeds=seeds, hparams=hparams,
+        metrics={m: table(m, np.float64) for m in metric_names}, seeds=seeds, hparams=hparams, labels=labels,
         diverged_at=np.asarray(entry["diverged_at"], dtype=np.int64), schedule_stats=entry["schedule"],
         num_steps=int(entry["num_steps"]), stopped_early=bool(entry["stopped_early"]),
         compile_seconds=float(entry["compile_seconds"]), run_seconds=float(entry["run_seconds"]),
@@ -531,6 +555,7 @@ def _same_values(saved: History, rebuilt: History) -> bool:
                                                              equal_nan=True)
 
     return (saved.label == rebuilt.label and saved.seeds == rebuilt.seeds and saved.hparams == rebuilt.hparams
+            and saved.labels == rebuilt.labels
             and set(saved.metrics) == set(rebuilt.metrics) and equal(saved.steps, rebuilt.steps)
             and equal(saved.times, rebuilt.times) and equal(saved.uploads, rebuilt.uploads)
             and equal(saved.diverged_at, rebuilt.diverged_at)

@@ -58,6 +58,7 @@ def _make_history(run: Any, state: checkpoint.LoopState) -> History:
         client_ids=None if task.eval_client_ids is None else np.asarray(task.eval_client_ids, np.int64),
         seeds=[r.seed for r in run.replicas],
         hparams=[dict(r.hparams) for r in run.replicas],
+        labels=replica_labels(run.replicas),
         diverged_at=diverged_at,
         schedule_stats=timeline.summaries(realized),
         num_steps=run.num_steps,
@@ -74,6 +75,14 @@ def _make_history(run: Any, state: checkpoint.LoopState) -> History:
         precision=run.precision,
         trajectory=trajectory_of(run, state.traces, int(steps[-1])),
     )
+
+
+def replica_labels(replicas: list[Any]) -> list[dict[str, Any]] | None:
+    """``History.labels``: each replica's label (explicit replicas, :mod:`~asyncfl_jax.engine.replicas`), None when
+    no replica has one (the seeds x hyper-parameters shorthand)."""
+    if not any(getattr(r, "label", None) for r in replicas):
+        return None
+    return [dict(r.label or {}) for r in replicas]
 
 
 def progress_axes(run: Any, state: checkpoint.LoopState) -> dict[str, np.ndarray]:

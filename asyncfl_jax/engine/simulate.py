@@ -6,12 +6,15 @@ import logging
 from typing import Any, Callable, Mapping, Sequence
 
 from asyncfl_jax.algorithms.base import Algorithm
+from asyncfl_jax.arguments import check_instance
 from asyncfl_jax.checkpoint import cadence
 from asyncfl_jax.engine.arguments import check_simulate
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine.callbacks import Checkpoints, DivergenceWarnings, ProgressBar, StopWhenAllDiverged
 from asyncfl_jax.engine.executors import parse_job_executor
 from asyncfl_jax.engine.history import make_history
+from asyncfl_jax.engine.hparams import Replica
+from asyncfl_jax.engine.replicas import PerReplica, ReplicaSpec, explicit_run_inputs
 from asyncfl_jax.engine.loop import HostLoop, prepare_run
 from asyncfl_jax.engine.placement import make_placement
 from asyncfl_jax.precision import check_precision, precision_scope
@@ -21,7 +24,7 @@ from asyncfl_jax.task import Task
 logger = logging.getLogger(__name__)
 
 
-def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None = None,
+def simulate(task: Task, algorithm: Algorithm, schedules: Any = None, local: LocalConfig | None = None,
              seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None,
              eval_every: int | None = None, progress: bool = True, label: str | None = None,
              shard_jobs: bool = False, shard_replicas: bool = False,
@@ -29,7 +32,8 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
              checkpoint_every: int | None = None, checkpoint_interval: float | None = None,
              resume: bool = False, callbacks: Sequence[Any] = (), final_checkpoint: bool = True,
              precision: str = "float32", trajectory: bool | Callable[[Any], Any] | None = None,
-             replica_batch: int | None = None, job_executor: str = "auto") -> History:
+             replica_batch: int | None = None, job_executor: str = "auto",
+             replicas: Sequence[ReplicaSpec] | None = None) -> History:
     """Runs an experiment (all replicas as one vmapped program) and returns its :class:`History`.
 
     Args:
@@ -41,6 +45,11 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
       local: local-training settings (default: ``LocalConfig()``).
       seeds: training seeds; each seed is combined with every point of the hyper-parameter grid.
       hparams: hyper-parameter values; a list sweeps over its values (see :func:`make_replicas`).
+      replicas: explicit replicas instead of ``schedules`` x ``seeds`` x ``hparams`` (which are then left out): a
+        list of :class:`~asyncfl_jax.engine.replicas.ReplicaSpec`, each with its own schedule or event clock, seed,
+        hyper-parameters and label (``History.labels``, a column per label key in ``to_dataframe()`` and
+        ``metrics.csv``); any grid of settings (delay models, protocols, suspension probabilities) as one program,
+        the schedules padded to common widths by the engine (see :mod:`~asyncfl_jax.engine.replicas`).
       eval_every: evaluate the global model every this many server steps (and at the end); None (default): 30
         evaluations per run, ``ceil(T / 30)`` steps apart, as ``asyncfl run`` and a configuration file do
         (:data:`~asyncfl_jax.algorithms.defaults.EVAL_POINTS`).
@@ -101,6 +110,9 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         and recurrent models on the CPU backend, where a vmapped convolution runs as a slow grouped convolution;
         ``vmap`` otherwise). The same results up to float rounding.
     """
+    explicit = None
+    if replicas is not None:
+        schedules, explicit = _explicit_replicas(algorithm, schedules, seeds, hparams, replicas)
     check_simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label, shard_jobs,
                    shard_replicas, shard_clients, lookahead, checkpoint_dir, checkpoint_every, resume, callbacks,
                    precision, trajectory, replica_batch)  # types first: a clear error naming the argument
@@ -119,16 +131,30 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         return _simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label,
                          make_placement(shard_jobs, shard_replicas, shard_clients), lookahead, checkpoint_dir,
                          (checkpoint_every, checkpoint_interval, final_checkpoint), resume, callbacks, precision,
-                         trajectory, replica_batch, job_executor)
+                         trajectory, replica_batch, job_executor, explicit)
+
+
+def _explicit_replicas(algorithm: Algorithm, schedules: Any, seeds: Sequence[int], hparams: Any,
+                       replicas: Any) -> tuple[PerReplica, list[Replica]]:
+    """The per-replica timing and the engine replicas of ``simulate(..., replicas=[...])``; ``schedules``, ``seeds``
+    and ``hparams`` must then be left out (they would be ignored)."""
+    check_instance("algorithm", algorithm, Algorithm, "an Algorithm (e.g. afl.fedbuff(), afl.get_algorithm(name))")
+    given = [name for name, value in (("schedules", schedules), ("hparams", hparams)) if value is not None]
+    if list(seeds) != [0]:
+        given.append("seeds")
+    if given:
+        raise ValueError(f"replicas= gives each replica its schedule, seed and hyper-parameters; {given[0]} would be "
+                         "ignored: leave it out (or drop replicas= for the seeds x hparams shorthand)")
+    return explicit_run_inputs(algorithm, replicas)
 
 
 def _simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None, seeds: Sequence[int],
               hparams: Mapping[str, Any] | None, eval_every: int | None, progress: bool, label: str | None,
               placement: Any, lookahead: int, checkpoint_dir: str | None, checkpoint_options: tuple[Any, Any, bool],
               resume: bool, callbacks: Sequence[Any], precision: str, trajectory: Any, replica_batch: int | None,
-              job_executor: str = "auto") -> History:
+              job_executor: str = "auto", replicas: Sequence[Replica] | None = None) -> History:
     run = prepare_run(task, algorithm, schedules, local, seeds, hparams, eval_every, label, placement, lookahead,
-                      precision=precision, trajectory=trajectory, replica_batch=replica_batch,
+                      replicas=replicas, precision=precision, trajectory=trajectory, replica_batch=replica_batch,
                       job_executor=job_executor)
     budget = run.budget()
     logger.info("%s: %s", run.label, budget.describe())
