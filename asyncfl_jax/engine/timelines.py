@@ -72,7 +72,8 @@ def make_timeline(schedules: Any, seeds: Sequence[int], replicas: Sequence[Repli
                              "it arrives (use lookahead=1)")
         clocks = items if explicit else _per_replica(items, seeds, replicas, "event clocks")
         return EventClockTimeline(clocks, num_clients, eval_every)
-    shared = len(items) == 1 and not explicit
+    # One schedule object for every replica is shared (not stacked), whether given once or once per replica.
+    shared = len(items) == 1 or (explicit and all(s is items[0] for s in items))
     per = items if explicit else _per_replica(items, seeds, replicas, "schedules")
     return PresampledTimeline(per, shared, num_clients, lookahead)
 
