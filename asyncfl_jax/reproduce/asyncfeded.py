@@ -248,7 +248,8 @@ def run_over_budget(task: Task, algorithm: Algorithm, name: str, settings: list[
         replicas = grid_replicas(settings, variants, hparams,
                                  lambda q, s: EventClock(n, steps, delay_model(args, q), s))
         frame = run_grid(task, algorithm, replicas, local=local, name=name, eval_every=eval_every, log_width=22,
-                         per_replica=lambda history, r: {"mean_k": mean_k(history, r, args.budget)})
+                         per_replica=lambda history: {"mean_k": [mean_k(history, r, args.budget)
+                                                                 for r in range(history.num_replicas)]})
         ends = frame.groupby("replica").time.last()
         every_diverged = bool((frame.groupby("replica").diverged_at.first() >= 0).all())
         if ends.min() > args.budget or every_diverged:

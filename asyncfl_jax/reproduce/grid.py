@@ -43,13 +43,13 @@ def setting_seed(setting_index: int, seed: int) -> int:
 
 
 def run_grid(task: Task, algorithm: Algorithm, replicas: Sequence[ReplicaSpec], *, local: LocalConfig | None = None,
-             name: str | None = None, per_replica: Callable[[History, int], Mapping[str, Any]] | None = None,
+             name: str | None = None, per_replica: Callable[[History], Mapping[str, Sequence[Any]]] | None = None,
              log_width: int = 40, **options: Any) -> Any:
     """Runs ``replicas`` as one program (``simulate(task, algorithm, replicas=replicas, ...)``) and returns its
     evaluations as a pandas DataFrame: ``History.to_dataframe()`` (columns ``run, algorithm, replica, seed``, the
     labels' keys, the swept hyper-parameters, ``point, step, time, uploads, local_steps``, the metrics,
-    ``diverged_at``) plus, with ``per_replica``, the columns ``per_replica(history, r)`` returns for replica ``r``
-    (e.g. a statistic of its realized schedule), repeated on each of its rows. One line on stderr says the program's
+    ``diverged_at``) plus, with ``per_replica``, the columns ``per_replica(history)`` returns (name -> one value per
+    replica, e.g. a statistic of its realized schedule or of its final model), repeated on each of its rows. One line on stderr says the program's
     replicas, steps and times. ``options`` are :func:`~asyncfl_jax.engine.simulate.simulate`'s other keywords
     (``eval_every``...); the progress bar is off."""
     started = time.perf_counter()
@@ -57,9 +57,12 @@ def run_grid(task: Task, algorithm: Algorithm, replicas: Sequence[ReplicaSpec], 
     log_program(name or algorithm.name, history, time.perf_counter() - started, width=log_width)
     frame = history.to_dataframe()
     if per_replica is not None:
-        extra = [dict(per_replica(history, r)) for r in range(history.num_replicas)]
-        for key in extra[0]:
-            frame[key] = np.array([extra[r][key] for r in frame["replica"]], dtype=object)  # None stays None
+        for key, values in per_replica(history).items():
+            values = list(values)
+            if len(values) != history.num_replicas:
+                raise ValueError(f"per_replica gave {len(values)} values of {key!r} for {history.num_replicas} "
+                                 "replicas")
+            frame[key] = np.array([values[r] for r in frame["replica"]], dtype=object)  # None stays None
     return frame
 
 
