@@ -163,7 +163,11 @@ def pad_replica_schedules(items: Sequence[Any]) -> list[Any]:
         return list(items)
     buffer_width = max(s.buffer_width for s in items)
     dispatch_width = max(s.dispatch_width for s in items)
-    return [s.pad(buffer_width=buffer_width, dispatch_width=dispatch_width) for s in items]
+    padded: dict[int, Schedule] = {}  # a schedule shared by several replicas stays one object (and one input)
+    for s in items:
+        if id(s) not in padded:
+            padded[id(s)] = s.pad(buffer_width=buffer_width, dispatch_width=dispatch_width)
+    return [padded[id(s)] for s in items]
 
 
 class PerReplica(list):

@@ -56,6 +56,7 @@ def run_grid(task: Task, algorithm: Algorithm, replicas: Sequence[ReplicaSpec], 
     history = simulate(task, algorithm, local=local, label=name, progress=False, replicas=replicas, **options)
     log_program(name or algorithm.name, history, time.perf_counter() - started, width=log_width)
     frame = history.to_dataframe()
+    frame.attrs["run"] = run_info(history)
     if per_replica is not None:
         for key, values in per_replica(history).items():
             values = list(values)
@@ -64,6 +65,32 @@ def run_grid(task: Task, algorithm: Algorithm, replicas: Sequence[ReplicaSpec], 
                                  "replicas")
             frame[key] = np.array([values[r] for r in frame["replica"]], dtype=object)  # None stays None
     return frame
+
+
+def run_info(history: History) -> dict[str, Any]:
+    """What a run's DataFrame keeps of its History beside the rows (``frame.attrs["run"]``): the algorithm and its
+    options, the bits of one upload, the steps planned, whether it stopped early (every replica diverged), the
+    precision, and the compile and run seconds."""
+    return {"algorithm": history.algorithm, "algorithm_options": dict(history.algorithm_options),
+            "message_bits": history.message_bits, "num_steps": history.num_steps,
+            "stopped_early": history.stopped_early, "precision": history.precision,
+            "compile_seconds": history.compile_seconds, "run_seconds": history.run_seconds}
+
+
+def replica_arrays(frame: Any, columns: Mapping[str, str], dtypes: Mapping[str, Any] | None = None) -> dict:
+    """Columns of a :func:`run_grid` frame as arrays [R, E] (replica x evaluation), ``name: column`` for each of
+    ``columns``; ``dtypes`` casts some back (e.g. a float32 run's metrics to float32, exactly: the frame holds them
+    as float64). Every replica has the same evaluations (one program)."""
+    out = {}
+    for name, column in columns.items():
+        table = frame.pivot(index="replica", columns="step", values=column).to_numpy()
+        out[name] = table.astype((dtypes or {}).get(name, table.dtype))
+    return out
+
+
+def metric_dtype(frame: Any) -> Any:
+    """The dtype of the metrics of the run behind ``frame`` (float32, or float64 in a float64 run)."""
+    return np.float64 if frame.attrs["run"]["precision"] == "float64" else np.float32
 
 
 def plain(value: Any) -> Any:
@@ -86,12 +113,18 @@ def replica_runs(frame: Any, keep: Sequence[str], series: Mapping[str, str]) -> 
 def command_main(argv: list[str] | None, parse_args: Callable[[list[str] | None], argparse.Namespace],
                  run: Callable[[argparse.Namespace, Any], Any],
                  report: Callable[[argparse.Namespace, Any, float], str],
-                 load: Callable[[argparse.Namespace], Any] | None = None) -> int:
+                 load: Callable[[argparse.Namespace], Any] | None = None,
+                 early: Callable[[argparse.Namespace], int | None] | None = None) -> int:
     """The command of a reproduction: ``args = parse_args(argv)``; ``inputs = load(args)`` (the data; a
     :class:`~asyncfl_jax.reproduce.data.DataUnavailable` is printed as ``error: ...`` and returns 2, before anything
     is written); ``results = run(args, inputs)``; ``report(args, results, seconds)`` writes the tables, JSON and
-    figures into ``args.out`` and returns the table, which is printed. Returns 0."""
+    figures into ``args.out`` and returns the table, which is printed. Returns 0. ``early(args)`` (optional) handles
+    what runs nothing (``--dry-run``, ``--from-results``): an exit code ends the command there, None goes on."""
     args = parse_args(argv)
+    if early is not None:
+        code = early(args)
+        if code is not None:
+            return code
     try:
         inputs = load(args) if load is not None else None
     except DataUnavailable as e:
@@ -105,4 +138,5 @@ def command_main(argv: list[str] | None, parse_args: Callable[[list[str] | None]
     return 0
 
 
-__all__ = ["SETTING_SEED_STRIDE", "command_main", "plain", "replica_runs", "run_grid", "setting_seed"]
+__all__ = ["SETTING_SEED_STRIDE", "command_main", "metric_dtype", "plain", "replica_arrays", "replica_runs", "run_grid",
+           "run_info", "setting_seed"]
