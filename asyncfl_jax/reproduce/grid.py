@@ -14,6 +14,7 @@ cannot share a program, so no module pads or matches schedules to seeds itself.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -49,12 +50,14 @@ def run_grid(task: Task, algorithm: Algorithm, replicas: Sequence[ReplicaSpec], 
     evaluations as a pandas DataFrame: ``History.to_dataframe()`` (columns ``run, algorithm, replica, seed``, the
     labels' keys, the swept hyper-parameters, ``point, step, time, uploads, local_steps``, the metrics,
     ``diverged_at``) plus, with ``per_replica``, the columns ``per_replica(history)`` returns (name -> one value per
-    replica, e.g. a statistic of its realized schedule or of its final model), repeated on each of its rows. One line on stderr says the program's
-    replicas, steps and times. ``options`` are :func:`~asyncfl_jax.engine.simulate.simulate`'s other keywords
+    replica, e.g. a statistic of its schedule or of its final model), repeated on each of its rows;
+    ``frame.attrs["run"]`` holds the run-level values (:func:`run_info`).
+
+    One line on stderr says the program's replicas, steps and times. A program over the memory budget (the engine's
+    ``MemoryError``, raised before anything is compiled) runs as two programs of half the replicas each, and so on
+    (:func:`run_in_parts`). ``options`` are :func:`~asyncfl_jax.engine.simulate.simulate`'s other keywords
     (``eval_every``...); the progress bar is off."""
-    started = time.perf_counter()
-    history = simulate(task, algorithm, local=local, label=name, progress=False, replicas=replicas, **options)
-    log_program(name or algorithm.name, history, time.perf_counter() - started, width=log_width)
+    history = run_in_parts(task, algorithm, list(replicas), local=local, label=name, log_width=log_width, **options)
     frame = history.to_dataframe()
     frame.attrs["run"] = run_info(history)
     if per_replica is not None:
@@ -65,6 +68,64 @@ def run_grid(task: Task, algorithm: Algorithm, replicas: Sequence[ReplicaSpec], 
                                  "replicas")
             frame[key] = np.array([values[r] for r in frame["replica"]], dtype=object)  # None stays None
     return frame
+
+
+def run_in_parts(task: Task, algorithm: Algorithm, replicas: list[ReplicaSpec], *, label: str | None,
+                 log_width: int = 40, **options: Any) -> History:
+    """``simulate(task, algorithm, replicas=replicas, ...)``; when the memory budget refuses the program
+    (``MemoryError``), the replicas run in two halves, each split again as needed, and their Histories are joined
+    along the replica axis (:func:`join_replicas`). Each replica's result is the one it gets in any program (to
+    float rounding)."""
+    pending, done = [replicas], []
+    name = label or algorithm.name
+    while pending:
+        part = pending.pop(0)
+        started = time.perf_counter()
+        try:
+            history = simulate(task, algorithm, label=label, progress=False, replicas=part, **options)
+        except MemoryError as e:
+            if len(part) == 1:
+                raise
+            half = len(part) // 2
+            print(f"{name}: {len(part)} replicas do not fit ({str(e).splitlines()[0]}); running {half} and "
+                  f"{len(part) - half} apart", file=sys.stderr, flush=True)
+            pending[:0] = [part[:half], part[half:]]
+            continue
+        log_program(name, history, time.perf_counter() - started, width=log_width)
+        done.append(history)
+    return done[0] if len(done) == 1 else join_replicas(done)
+
+
+def join_replicas(histories: Sequence[History]) -> History:
+    """The Histories of programs evaluated at the same steps joined along the replica axis (in order): per-replica
+    arrays and lists concatenated, compile and run seconds summed; the trajectory, the memory budget and the
+    lookahead windows are those of the first."""
+    first = histories[0]
+    if any(not np.array_equal(h.steps, first.steps) for h in histories):
+        raise ValueError("the programs were evaluated at different steps; their replicas cannot be joined")
+
+    def arrays(name: str) -> Any:
+        values = [getattr(h, name) for h in histories]
+        return None if any(v is None for v in values) else np.concatenate(values)
+
+    def lists(name: str) -> Any:
+        values = [getattr(h, name) for h in histories]
+        return None if any(v is None for v in values) else [x for v in values for x in v]
+
+    def dicts(name: str) -> Any:
+        values = [getattr(h, name) for h in histories]
+        return None if any(v is None for v in values) else {k: np.concatenate([v[k] for v in values])
+                                                            for k in values[0]}
+
+    labels = lists("labels") if any(h.labels for h in histories) else None
+    return dataclasses.replace(
+        first, times=arrays("times"), uploads=arrays("uploads"), metrics=dicts("metrics"),
+        client_metrics=dicts("client_metrics"), seeds=lists("seeds"), hparams=lists("hparams"), labels=labels,
+        diverged_at=arrays("diverged_at"), schedule_stats=lists("schedule_stats"), final_params=arrays("final_params"),
+        realized_schedules=lists("realized_schedules"), job_steps=arrays("job_steps"),
+        local_steps=arrays("local_steps"), stopped_early=all(h.stopped_early for h in histories),
+        compile_seconds=sum(h.compile_seconds for h in histories), run_seconds=sum(h.run_seconds for h in histories),
+        checkpoint_seconds=sum(h.checkpoint_seconds for h in histories))
 
 
 def run_info(history: History) -> dict[str, Any]:
@@ -138,5 +199,5 @@ def command_main(argv: list[str] | None, parse_args: Callable[[list[str] | None]
     return 0
 
 
-__all__ = ["SETTING_SEED_STRIDE", "command_main", "metric_dtype", "plain", "replica_arrays", "replica_runs", "run_grid",
-           "run_info", "setting_seed"]
+__all__ = ["SETTING_SEED_STRIDE", "command_main", "join_replicas", "metric_dtype", "plain", "replica_arrays", "replica_runs", "run_grid",
+           "run_in_parts", "run_info", "setting_seed"]
