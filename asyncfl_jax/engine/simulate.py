@@ -14,7 +14,7 @@ from asyncfl_jax.engine.callbacks import Checkpoints, DivergenceWarnings, Progre
 from asyncfl_jax.engine.executors import parse_job_executor
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.hparams import Replica
-from asyncfl_jax.engine.replicas import PerReplica, ReplicaSpec, explicit_run_inputs
+from asyncfl_jax.engine.replicas import ReplicaSpec, explicit_run_inputs
 from asyncfl_jax.engine.loop import HostLoop, prepare_run
 from asyncfl_jax.engine.placement import make_placement
 from asyncfl_jax.precision import check_precision, precision_scope
@@ -26,14 +26,13 @@ logger = logging.getLogger(__name__)
 
 def simulate(task: Task, algorithm: Algorithm, schedules: Any = None, local: LocalConfig | None = None,
              seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None,
-             eval_every: int | None = None, progress: bool = True, label: str | None = None,
-             shard_jobs: bool = False, shard_replicas: bool = False,
-             shard_clients: bool = False, lookahead: int = 1, checkpoint_dir: str | None = None,
-             checkpoint_every: int | None = None, checkpoint_interval: float | None = None,
-             resume: bool = False, callbacks: Sequence[Any] = (), final_checkpoint: bool = True,
-             precision: str = "float32", trajectory: bool | Callable[[Any], Any] | None = None,
-             replica_batch: int | None = None, job_executor: str = "auto",
-             replicas: Sequence[ReplicaSpec] | None = None) -> History:
+             eval_every: int | None = None, progress: bool = True, label: str | None = None, shard_jobs: bool = False,
+             shard_replicas: bool = False, shard_clients: bool = False, lookahead: int = 1,
+             checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
+             checkpoint_interval: float | None = None, resume: bool = False, callbacks: Sequence[Any] = (),
+             final_checkpoint: bool = True, precision: str = "float32",
+             trajectory: bool | Callable[[Any], Any] | None = None, replica_batch: int | None = None,
+             job_executor: str = "auto", replicas: Sequence[ReplicaSpec] | None = None) -> History:
     """Runs an experiment (all replicas as one vmapped program) and returns its :class:`History`.
 
     Args:
@@ -45,11 +44,7 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any = None, local: Loc
       local: local-training settings (default: ``LocalConfig()``).
       seeds: training seeds; each seed is combined with every point of the hyper-parameter grid.
       hparams: hyper-parameter values; a list sweeps over its values (see :func:`make_replicas`).
-      replicas: explicit replicas instead of ``schedules`` x ``seeds`` x ``hparams`` (which are then left out): a
-        list of :class:`~asyncfl_jax.engine.replicas.ReplicaSpec`, each with its own schedule or event clock, seed,
-        hyper-parameters and label (``History.labels``, a column per label key in ``to_dataframe()`` and
-        ``metrics.csv``); any grid of settings (delay models, protocols, suspension probabilities) as one program,
-        the schedules padded to common widths by the engine (see :mod:`~asyncfl_jax.engine.replicas`).
+      replicas: explicit :class:`~asyncfl_jax.engine.replicas.ReplicaSpec` replicas instead of schedules/seeds/hparams.
       eval_every: evaluate the global model every this many server steps (and at the end); None (default): 30
         evaluations per run, ``ceil(T / 30)`` steps apart, as ``asyncfl run`` and a configuration file do
         (:data:`~asyncfl_jax.algorithms.defaults.EVAL_POINTS`).
@@ -88,16 +83,15 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any = None, local: Loc
         and client states, the updates, the staleness weights, the hyper-parameters and the metrics (see
         :mod:`asyncfl_jax.precision`). The run is made with ``jax_enable_x64`` set to match, for its duration
         only (``jax.enable_x64``; restored afterwards), so a float64 run leaves later float32 runs unchanged.
-      trajectory: record the global model at every server step (small runs): ``True`` records the flat model
-        ``x_t`` [d], a function ``fn(x)`` of the flat model (``task.model.unravel(x)`` gives the parameter pytree)
-        records what it returns (an array or a pytree of arrays, e.g. ``lambda x: x[:10]`` or
-        ``lambda x: {"norm": jnp.linalg.norm(x)}``). ``History.trajectory`` is then ``[R, T + 1, ...]``, index
-        ``t`` the record of ``x_t`` (``t = 0``: the initial model). Recorded inside the compiled scan (its per-step
-        outputs; off: the program is unchanged) and kept in host memory; refused before compiling when ``R x (T +
-        1) x`` one record's bytes exceeds ``engine.loop.MAX_TRAJECTORY_BYTES`` (1 GiB). Works with any
-        ``eval_every``, ``lookahead`` and with checkpoints (the trajectory so far is saved with the state, so a
-        resumed run's trajectory equals the uninterrupted one's). A diverged replica's trajectory repeats the
-        model it keeps once it is frozen.
+      trajectory: record the global model at every server step (small runs): ``True`` records the flat model ``x_t``
+        [d], a function ``fn(x)`` of the flat model (``task.model.unravel(x)`` gives the parameter pytree) records
+        what it returns (an array or a pytree of arrays, e.g. ``lambda x: x[:10]`` or ``lambda x: {"norm":
+        jnp.linalg.norm(x)}``). ``History.trajectory`` is then ``[R, T + 1, ...]``, index ``t`` the record of ``x_t``
+        (``t = 0``: the initial model). Recorded inside the compiled scan (its per-step outputs; off: the program is
+        unchanged) and kept in host memory; refused before compiling when ``R x (T + 1) x`` one record's bytes exceeds
+        ``engine.loop.MAX_TRAJECTORY_BYTES`` (1 GiB). Works with any ``eval_every``, ``lookahead`` and with
+        checkpoints (the trajectory so far is saved with the state, so a resumed run's trajectory equals the
+        uninterrupted one's). A diverged replica's trajectory repeats the model it keeps once it is frozen.
       replica_batch: compute the replicas ``g`` at a time in each chunk (the vmapped chunk of ``g`` replicas,
         called by the host on each group: :mod:`~asyncfl_jax.engine.replica_groups`); ``g`` >= the number of
         replicas: all together. None (default): all together on an accelerator, and on a CPU groups sized from the
@@ -110,9 +104,7 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any = None, local: Loc
         and recurrent models on the CPU backend, where a vmapped convolution runs as a slow grouped convolution;
         ``vmap`` otherwise). The same results up to float rounding.
     """
-    explicit = None
-    if replicas is not None:
-        schedules, explicit = _explicit_replicas(algorithm, schedules, seeds, hparams, replicas)
+    schedules, explicit = _explicit_replicas(algorithm, schedules, seeds, hparams, replicas)
     check_simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label, shard_jobs,
                    shard_replicas, shard_clients, lookahead, checkpoint_dir, checkpoint_every, resume, callbacks,
                    precision, trajectory, replica_batch)  # types first: a clear error naming the argument
@@ -135,9 +127,11 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any = None, local: Loc
 
 
 def _explicit_replicas(algorithm: Algorithm, schedules: Any, seeds: Sequence[int], hparams: Any,
-                       replicas: Any) -> tuple[PerReplica, list[Replica]]:
+                       replicas: Any) -> tuple[Any, list[Replica] | None]:
     """The per-replica timing and the engine replicas of ``simulate(..., replicas=[...])``; ``schedules``, ``seeds``
-    and ``hparams`` must then be left out (they would be ignored)."""
+    and ``hparams`` must then be left out (they would be ignored). Without ``replicas``: ``schedules`` and None."""
+    if replicas is None:
+        return schedules, None
     check_instance("algorithm", algorithm, Algorithm, "an Algorithm (e.g. afl.fedbuff(), afl.get_algorithm(name))")
     given = [name for name, value in (("schedules", schedules), ("hparams", hparams)) if value is not None]
     if list(seeds) != [0]:

@@ -469,7 +469,8 @@ def run_program(task: Task, args: argparse.Namespace, method: str, settings: lis
     for part in chunks(settings, len(grid) * len(variants), args.max_replicas):
         replicas, meta = [], []
         for setting in part:
-            schedule = make_method_schedule(args, method, setting["beta"], setting["seed"], setting.get("fraction", 0.0))
+            schedule = make_method_schedule(args, method, setting["beta"], setting["seed"],
+                                            setting.get("fraction", 0.0))
             stats = stats_of(schedule)
             for point in make_replicas(algorithm, [setting["train_seed"]], hp):  # the grid's points, in sweep order
                 name, extra = next((nm, v) for nm, v in variants if all(point.hparams[k] == v[k] for k in v))

@@ -324,7 +324,7 @@ def run_method(task: Task, method: str, setting_name: str, setting: dict, args: 
                      name=f"{setting_name} {method}", eval_every=eval_every,
                      per_replica=lambda history: {"final_loss": exact_losses(task, history.final_params, args.nu),
                                                   **schedule_columns([r.schedule for r in replicas])})
-    frame["time"] = np.minimum(frame["time"], setting["horizon"])  # after the last step in the horizon: the model at t_h
+    frame["time"] = np.minimum(frame["time"], setting["horizon"])  # after the horizon's last step: the model at t_h
     runs = replica_runs(frame, ("method", "alpha", "rate_std", "trial", "seed", "final_loss", "diverged_at",
                                 "uploads_total", "server_steps", "staleness_mean"),
                         {"times": "time", "accuracy": "test_accuracy", "train_ce": "train_loss"})
