@@ -40,6 +40,7 @@ from asyncfl_jax.client import LocalConfig, make_local_update
 from asyncfl_jax.compile_cache import enable_compile_cache
 from asyncfl_jax.hypergrad import HyperGradient, UnreliableGradientError, hypergradient, make_objective
 from asyncfl_jax.engine import (
+    ReplicaSpec,
     ScheduleArrays,
     SimulationOutput,
     default_hparams,
@@ -68,6 +69,7 @@ __all__ = [
     "LocalConfig",
     "Loss",
     "Model",
+    "ReplicaSpec",
     "Schedule",
     "ScheduleArrays",
     "ServerMeta",

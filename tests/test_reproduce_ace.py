@@ -163,16 +163,18 @@ def test_a_program_over_the_memory_budget_runs_in_halves(monkeypatch, capsys):
     from asyncfl_jax.models.core import make_model
     from asyncfl_jax.task import make_task
 
-    real = ace.simulate
+    from asyncfl_jax.reproduce import grid
+
+    real = grid.simulate
     calls = []
 
-    def budgeted(task, algorithm, schedules, **kwargs):
-        calls.append(len(schedules))
-        if len(schedules) > 1:
+    def budgeted(task, algorithm, schedules=None, **kwargs):
+        calls.append(len(kwargs["replicas"]))
+        if len(kwargs["replicas"]) > 1:
             raise MemoryError("the simulation state needs more than 90% of the device memory")
         return real(task, algorithm, schedules, **kwargs)
 
-    monkeypatch.setattr(ace, "simulate", budgeted)  # the name run_program looks up
+    monkeypatch.setattr(grid, "simulate", budgeted)  # the name the shared runner (run_grid) looks up
     args = ace.parse_args(["--clients", "10", "--uploads", "40", "--seeds", "0", "1", "--betas", "5", "--evals", "4"])
     data = synthetic_leaf(num_clients=30, seed=0)
     task = make_task(data, partition("dirichlet", data.train_y, 10, seed=0, alpha=0.3),

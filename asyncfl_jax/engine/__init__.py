@@ -36,6 +36,7 @@ from asyncfl_jax.engine.loop import ChunkUpdate, HostLoop, Run, metric_shapes, p
 from asyncfl_jax.engine.options import EngineOptions, OptionError
 from asyncfl_jax.engine.placement import (Placement, ShardClients, ShardJobs, ShardReplicas, SingleDevice, client_shardings,
                                           job_sharding, make_placement, per_client_leaves, replica_shardings)
+from asyncfl_jax.engine.replicas import ReplicaSpec
 from asyncfl_jax.engine.simulate import simulate
 from asyncfl_jax.engine.step import (Carry, Program, SimulationOutput, build_program,
                                      freeze_diverged, keep_if_diverged, make_program, make_simulation)
@@ -45,7 +46,7 @@ __all__ = [
     "Arrivals", "CSVLogger", "Carry", "Checkpoints", "ChunkUpdate", "ClockChunk", "DivergenceWarnings", "EngineOptions",
     "HostLoop", "OptionError", "Placement", "plan",
     "INIT_BATCH", "INIT_ROUND_STREAM", "InScanClock", "JSONLinesLogger", "Jobs", "Lookahead", "LookaheadPlan",
-    "MemoryBudget", "PresampledClock", "ProgressBar", "Program", "Replica", "Run", "SERVER_STREAM",
+    "MemoryBudget", "PresampledClock", "ProgressBar", "Program", "Replica", "ReplicaSpec", "Run", "SERVER_STREAM",
     "ScheduleArrays", "ShardClients", "ShardJobs", "ShardReplicas", "SimulationOutput", "SingleDevice", "StepArrays",
     "StopWhenAllDiverged", "TRACE_NAMES", "TensorBoardLogger", "TrainAtArrival", "TrainAtDispatch", "Trainer",
     "build_program", "client_shardings", "default_hparams", "device_memory_bytes", "flush_buckets",

@@ -31,7 +31,7 @@ import numpy as np
 from asyncfl_jax import checkpoint
 from asyncfl_jax.engine.history import progress_axes as run_progress_axes
 from asyncfl_jax.engine.state import LoopState
-from asyncfl_jax.results import headline_metric, lower_is_better, point_name, swept_names
+from asyncfl_jax.results import headline_metric, label_name, lower_is_better, point_name, swept_names
 
 
 logger = logging.getLogger(__name__)
@@ -66,12 +66,16 @@ def point_progress(replicas: list[Any], metrics: dict[str, np.ndarray], diverged
     swept = swept_names([r.hparams for r in replicas])
     groups: dict[tuple, list[int]] = {}
     for i, replica in enumerate(replicas):
-        groups.setdefault(tuple(sorted(replica.hparams.items())), []).append(i)
+        label = getattr(replica, "label", None) or {}  # explicit replicas: a point per label too
+        groups.setdefault((tuple(label.items()), tuple(sorted(replica.hparams.items()))), []).append(i)
     means = []
     for members in groups.values():
         kept = [values[i] for i in members if diverged_at[i] < 0 and np.isfinite(values[i])]
         if kept:
-            means.append((float(np.mean(kept)), point_name({k: replicas[members[0]].hparams[k] for k in swept})))
+            first = replicas[members[0]]
+            name = ", ".join(filter(None, [label_name(getattr(first, "label", None) or {}),
+                                           point_name({k: first.hparams[k] for k in swept})]))
+            means.append((float(np.mean(kept)), name))
     parts = []
     if len(groups) == 1 and means:
         parts.append(f"{short}={means[0][0]:.3f}")
@@ -136,7 +140,8 @@ def describe_replica(replicas: list[Any], r: int) -> str:
     """``seed=..., <swept name>=<value>...`` of replica ``r``."""
     varying = swept_names([rep.hparams for rep in replicas])
     swept = ", ".join(f"{k}={replicas[r].hparams[k]:g}" for k in varying) or "no swept hyper-parameters"
-    return f"seed={replicas[r].seed}, {swept}"
+    label = label_name(getattr(replicas[r], "label", None) or {})
+    return f"seed={replicas[r].seed}, {label + ', ' if label else ''}{swept}"
 
 
 class DivergenceWarnings:

@@ -57,6 +57,7 @@ def _make_history(run: Any, state: LoopState) -> History:
         metrics={k: np.stack(state.metrics[k], axis=1) for k in run.metric_names},
         seeds=[r.seed for r in run.replicas],
         hparams=[dict(r.hparams) for r in run.replicas],
+        labels=replica_labels(run.replicas),
         diverged_at=diverged_at,
         schedule_stats=timeline.summaries(realized),
         num_steps=run.num_steps,
@@ -83,6 +84,14 @@ def _client_evaluation(run: Any, state: LoopState) -> ClientEvaluation | None:
     if metrics is None and ids is None:
         return None
     return ClientEvaluation(metrics, None if ids is None else np.asarray(ids, np.int64))
+
+
+def replica_labels(replicas: list[Any]) -> list[dict[str, Any]] | None:
+    """``History.labels``: each replica's label (explicit replicas, :mod:`~asyncfl_jax.engine.replicas`), None when
+    no replica has one (the seeds x hyper-parameters shorthand)."""
+    if not any(getattr(r, "label", None) for r in replicas):
+        return None
+    return [dict(r.label or {}) for r in replicas]
 
 
 def progress_axes(run: Any, state: LoopState) -> dict[str, np.ndarray]:

@@ -79,10 +79,12 @@ def check_hparam_value(name: str, value: Any) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Replica:
-    """One simulated run of a sweep: a training seed and scalar hyper-parameters."""
+    """One simulated run of a sweep: a training seed and scalar hyper-parameters (and, for an explicit replica,
+    its label: :mod:`~asyncfl_jax.engine.replicas`)."""
 
     seed: int
     hparams: dict[str, float]
+    label: dict[str, Any] | None = None
 
 
 def make_replicas(algorithm: Algorithm, seeds: Sequence[int], hparams: Mapping[str, Any] | None = None) -> list[Replica]:

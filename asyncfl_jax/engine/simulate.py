@@ -7,24 +7,28 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from asyncfl_jax.algorithms.base import Algorithm
+from asyncfl_jax.arguments import check_instance
 from asyncfl_jax.engine.arguments import check_checkpoints, check_simulate
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine.callbacks import Checkpoints, DivergenceWarnings, ProgressBar, StopWhenAllDiverged
+from asyncfl_jax.engine.hparams import Replica
 from asyncfl_jax.engine.history import make_history
 from asyncfl_jax.engine.loop import HostLoop, Run, plan
 from asyncfl_jax.engine.options import EngineOptions
+from asyncfl_jax.engine.replicas import ReplicaSpec, explicit_run_inputs
 from asyncfl_jax.results import History
 from asyncfl_jax.task import Task
 
 logger = logging.getLogger(__name__)
 
 
-def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfig | None = None,
+def simulate(task: Task, algorithm: Algorithm, schedules: Any = None, local: LocalConfig | None = None,
              seeds: Sequence[int] = (0,), hparams: Mapping[str, Any] | None = None,
              eval_every: int | None = None, progress: bool = True, label: str | None = None, *,
              checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
              checkpoint_interval: float | None = None, resume: bool = False, callbacks: Sequence[Any] = (),
-             final_checkpoint: bool = True, **options: Any) -> History:
+             final_checkpoint: bool = True, replicas: Sequence[ReplicaSpec] | None = None,
+             **options: Any) -> History:
     """Runs an experiment (all replicas as one vmapped program) and returns its :class:`History`.
 
     Args:
@@ -36,6 +40,7 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
       local: local-training settings (default: ``LocalConfig()``).
       seeds: training seeds; each seed is combined with every point of the hyper-parameter grid.
       hparams: hyper-parameter values; a list sweeps over its values (see :func:`make_replicas`).
+      replicas: explicit :class:`~asyncfl_jax.engine.replicas.ReplicaSpec` replicas instead of schedules/seeds/hparams.
       eval_every: evaluate the global model every this many server steps (and at the end); None (default): 30
         evaluations per run, ``ceil(T / 30)`` steps apart, as ``asyncfl run`` and a configuration file do
         (:data:`~asyncfl_jax.algorithms.defaults.EVAL_POINTS`).
@@ -67,14 +72,31 @@ def simulate(task: Task, algorithm: Algorithm, schedules: Any, local: LocalConfi
         :class:`~asyncfl_jax.engine.options.EngineOptions`, which says what each does; an unknown keyword is a
         ``TypeError`` naming it.
     """
+    schedules, explicit = _explicit_replicas(algorithm, schedules, seeds, hparams, replicas)
     check_simulate(task, algorithm, schedules, local, seeds, hparams, eval_every, progress, label, checkpoint_dir,
                    resume, callbacks)  # types first: a clear error naming the argument
     engine = EngineOptions.from_keywords(options).checked()  # each option's rule, before anything is built
     checkpoints = check_checkpoints(checkpoint_dir, checkpoint_every, checkpoint_interval, final_checkpoint, resume)
     run = plan(task, algorithm, schedules, engine, local=local, seeds=seeds, hparams=hparams, eval_every=eval_every,
-               label=label)
+               label=label, replicas=explicit)
     with run.precision_scope():  # a restored float64 checkpoint needs x64 too
         return run_with_callbacks(run, progress, callbacks, checkpoint_dir, checkpoints, resume)
+
+
+def _explicit_replicas(algorithm: Algorithm, schedules: Any, seeds: Sequence[int], hparams: Any,
+                       replicas: Any) -> tuple[Any, list[Replica] | None]:
+    """The per-replica timing and the engine replicas of ``simulate(..., replicas=[...])``; ``schedules``, ``seeds``
+    and ``hparams`` must then be left out (they would be ignored). Without ``replicas``: ``schedules`` and None."""
+    if replicas is None:
+        return schedules, None
+    check_instance("algorithm", algorithm, Algorithm, "an Algorithm (e.g. afl.fedbuff(), afl.get_algorithm(name))")
+    given = [name for name, value in (("schedules", schedules), ("hparams", hparams)) if value is not None]
+    if list(seeds) != [0]:
+        given.append("seeds")
+    if given:
+        raise ValueError(f"replicas= gives each replica its schedule, seed and hyper-parameters; {given[0]} would be "
+                         "ignored: leave it out (or drop replicas= for the seeds x hparams shorthand)")
+    return explicit_run_inputs(algorithm, replicas)
 
 
 def run_with_callbacks(run: Run, progress: bool, callbacks: Sequence[Any], checkpoint_dir: str | None,

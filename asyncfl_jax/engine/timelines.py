@@ -24,6 +24,7 @@ from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.distributed import to_host
 from asyncfl_jax.engine.clocks import TRACE_NAMES, ClockChunk, InScanClock
 from asyncfl_jax.engine.hparams import Replica
+from asyncfl_jax.engine.replicas import PerReplica
 from asyncfl_jax.engine.inputs import (LookaheadPlan, ScheduleArrays, StepArrays, lookahead_plan, lookahead_summary,
                                        schedule_arrays, slice_steps, stack_schedules)
 from asyncfl_jax.engine.step import Program, build_program, make_program
@@ -53,8 +54,13 @@ def _per_replica(items: list[Any], seeds: Sequence[int], replicas: Sequence[Repl
 
 def make_timeline(schedules: Any, seeds: Sequence[int], replicas: Sequence[Replica], num_clients: int,
                   eval_every: int, lookahead: int) -> "PresampledTimeline | EventClockTimeline":
-    """The timeline of ``schedules``: schedules or event clocks (one shared, or one per seed; not a mix)."""
+    """The timeline of ``schedules``: schedules or event clocks (one shared, one per seed, or one per replica in a
+    :class:`~asyncfl_jax.engine.replicas.PerReplica` list, checked and padded by :mod:`~asyncfl_jax.engine.replicas`;
+    not a mix)."""
+    explicit = isinstance(schedules, PerReplica)
     items = [schedules] if isinstance(schedules, (Schedule, EventClock)) else list(schedules)
+    if explicit and len(items) != len(replicas):
+        raise ValueError(f"got {len(items)} schedules for {len(replicas)} replicas")
     clocked = [isinstance(c, EventClock) for c in items]
     if any(clocked) and not all(clocked):
         raise ValueError("schedules must be all Schedule or all EventClock, not a mix")
@@ -64,9 +70,12 @@ def make_timeline(schedules: Any, seeds: Sequence[int], replicas: Sequence[Repli
         if lookahead > 1:
             raise ValueError("lookahead batching needs a pre-sampled schedule; the event clock trains each job when "
                              "it arrives (use lookahead=1)")
-        return EventClockTimeline(_per_replica(items, seeds, replicas, "event clocks"), num_clients, eval_every)
-    shared = len(items) == 1
-    return PresampledTimeline(_per_replica(items, seeds, replicas, "schedules"), shared, num_clients, lookahead)
+        clocks = items if explicit else _per_replica(items, seeds, replicas, "event clocks")
+        return EventClockTimeline(clocks, num_clients, eval_every)
+    # One schedule object for every replica is shared (not stacked), whether given once or once per replica.
+    shared = len(items) == 1 or (explicit and all(s is items[0] for s in items))
+    per = items if explicit else _per_replica(items, seeds, replicas, "schedules")
+    return PresampledTimeline(per, shared, num_clients, lookahead)
 
 
 @dataclasses.dataclass

@@ -12,7 +12,9 @@ as data, the runners, the checks of the paper's claims, the tables and figures) 
 * :mod:`~asyncfl_jax.reproduce.bias_correction` and :mod:`~asyncfl_jax.reproduce.compression` — the two CPU-scale
   demonstrations, ``scripts/demo_bias_correction.py`` and ``scripts/demo_compression.py``.
 
-What they share is written once: :mod:`~asyncfl_jax.reproduce.data` (finding and reading the datasets),
+What they share is written once: :mod:`~asyncfl_jax.reproduce.grid` (the runner, ``run_grid``: one program of
+explicit replicas, each setting x seed with its own schedule and label, returned as a DataFrame; and the command
+skeleton, ``command_main``), :mod:`~asyncfl_jax.reproduce.data` (finding and reading the datasets),
 :mod:`~asyncfl_jax.reproduce.curves` (values on a grid, first passages, final values, choosing a grid value) and
 :mod:`~asyncfl_jax.reproduce.report` (table pieces, JSON, figures, output files). The timing pieces they need are in
 :mod:`asyncfl_jax.timing` (``window``, ``rates``, ``horizon``, ``rounds``, ``client_delays``, ``padding``) and the

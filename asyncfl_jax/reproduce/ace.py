@@ -81,23 +81,24 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
-import time
 from typing import Any
 
 import numpy as np
 
-from asyncfl_jax import (History, LocalConfig, Schedule, Task, get_algorithm, make_model, make_schedule, make_task,
-                         simulate)
+from asyncfl_jax import (LocalConfig, ReplicaSpec, Schedule, Task, get_algorithm, make_model, make_schedule,
+                         make_task)
 from asyncfl_jax.algorithms import Algorithm
 from asyncfl_jax.data import Dataset, partition
 from asyncfl_jax.reproduce.curves import final_value, mean_on_grid
 from asyncfl_jax.reproduce.data import CIFAR_STATS, DATASET_TITLES, DataUnavailable, load_dataset, standardize_channels
-from asyncfl_jax.reproduce.report import (distinct_seeds_problem, log_program, parse_checked, pyplot, save_png,
-                                          table_row, write_outputs, yes_no)
-from asyncfl_jax.timing import DelayModel, pad_to_common_widths, schedule_summary
+from asyncfl_jax.engine.hparams import make_replicas
+from asyncfl_jax.reproduce.grid import command_main, replica_runs, run_grid, setting_seed
+from asyncfl_jax.reproduce.report import (distinct_seeds_problem, parse_checked, pyplot, save_png, table_row,
+                                          write_outputs, yes_no)
+from asyncfl_jax.timing import DelayModel, schedule_summary
 
+DROPOUT_SEEDS = 100_000  # the dropout study's training seeds start here
 METHODS = ("ace", "aced", "fedbuff", "ca2fl", "da_asgd", "vanilla_asgd")
 LABELS = {"ace": "ACE", "aced": "ACED", "fedbuff": "FedBuff", "ca2fl": "CA2FL", "da_asgd": "Delay-adaptive ASGD",
           "vanilla_asgd": "Vanilla ASGD"}
@@ -451,7 +452,8 @@ def chunks(settings: list, per_setting: int, max_replicas: int) -> list[list]:
 def run_program(task: Task, args: argparse.Namespace, method: str, settings: list[dict], label: str,
                 grid: list[float], variants: list[tuple[str, dict]] | None = None) -> list[dict]:
     """Runs ``method`` on every setting and step size of ``grid`` (and every variant) as the replicas of one compiled
-    program (of several when ``--max-replicas`` splits the settings, or when a program is over the memory budget).
+    program (of several when ``--max-replicas`` splits the settings; a program over the memory budget stops with the
+    budget's error, which says what to lower).
 
     Each setting is a dict with ``beta``, ``seed`` (the timing seed), ``train_seed`` (unique) and optionally
     ``fraction`` (clients dropping out). ``variants`` are (record name, {hyper-parameter: value}) pairs that differ in
@@ -464,26 +466,25 @@ def run_program(task: Task, args: argparse.Namespace, method: str, settings: lis
     local = LocalConfig(steps=1, batch_size=args.batch_size)
     eval_every = max(1, server_steps(args, method) // args.evals)
     records = []
-    per_setting = len(grid) * len(variants)
-    pending = chunks(settings, per_setting, args.max_replicas)
-    while pending:
-        part = pending.pop(0)
-        schedules = pad_to_common_widths([make_method_schedule(args, method, s["beta"], s["seed"],
-                                                               s.get("fraction", 0.0)) for s in part])
-        started = time.perf_counter()
-        try:
-            history = simulate(task, algorithm, schedules, local=local, seeds=[s["train_seed"] for s in part],
-                               hparams=hp, eval_every=eval_every, progress=False, label=label)
-        except MemoryError as e:  # the memory budget, checked before compiling: run the settings in two halves
-            if len(part) == 1:
-                raise
-            half = len(part) // 2
-            print(f"{label}: {len(part) * per_setting} replicas do not fit ({str(e).splitlines()[0]}); running "
-                  f"{half * per_setting} and {(len(part) - half) * per_setting} apart", file=sys.stderr, flush=True)
-            pending[:0] = [part[:half], part[half:]]
-            continue
-        log_program(label, history, time.perf_counter() - started)
-        records += program_records(history, part, schedules, variants)
+    for part in chunks(settings, len(grid) * len(variants), args.max_replicas):
+        replicas, meta = [], []
+        for setting in part:
+            schedule = make_method_schedule(args, method, setting["beta"], setting["seed"],
+                                            setting.get("fraction", 0.0))
+            stats = stats_of(schedule)
+            for point in make_replicas(algorithm, [setting["train_seed"]], hp):  # the grid's points, in sweep order
+                name, extra = next((nm, v) for nm, v in variants if all(point.hparams[k] == v[k] for k in v))
+                replicas.append(ReplicaSpec(schedule, seed=setting["train_seed"], hparams=point.hparams,
+                                            label={"method": name, "beta": setting["beta"],
+                                                   "timing_seed": setting["seed"],
+                                                   "fraction": setting.get("fraction", 0.0)}))
+                meta.append({**setting, "method": name, **({"tau": float(extra["tau_algo"])}
+                                                           if "tau_algo" in extra else {}),
+                             "server_lr": float(point.hparams["server_lr"]), "schedule": stats})
+        frame = run_grid(task, algorithm, replicas, local=local, name=label, eval_every=eval_every)
+        runs = replica_runs(frame, ("diverged_at",), {"steps": "step", "times": "time", "uploads": "uploads",
+                                                      "test_accuracy": "test_accuracy", "train_loss": "train_loss"})
+        records += [{**m, **r} for m, r in zip(meta, runs)]
     return records
 
 
@@ -501,25 +502,6 @@ def program_hparams(args: argparse.Namespace, method: str, grid: list[float],
         hp[key] = values if len(values) > 1 else values[0]
     hp["server_lr"] = list(grid)
     return hp
-
-
-def program_records(history: History, settings: list[dict], schedules: list[Schedule],
-                    variants: list[tuple[str, dict]]) -> list[dict]:
-    """One record per replica of a program: its setting, variant, step size, evaluations and schedule statistics."""
-    by_seed = {s["train_seed"]: (s, stats_of(sch)) for s, sch in zip(settings, schedules)}
-    records = []
-    for r, (seed, rhp) in enumerate(zip(history.seeds, history.hparams)):
-        setting, stats = by_seed[seed]
-        name, extra = next((nm, v) for nm, v in variants if all(rhp[k] == v[k] for k in v))
-        records.append({
-            **setting, "method": name, **({"tau": float(extra["tau_algo"])} if "tau_algo" in extra else {}),
-            "server_lr": float(rhp["server_lr"]), "steps": history.steps.tolist(),
-            "times": history.times[r].tolist(), "uploads": history.uploads[r].tolist(),
-            "test_accuracy": history.metrics["test_accuracy"][r].tolist(),
-            "train_loss": history.metrics["train_loss"][r].tolist(),
-            "diverged_at": int(history.diverged_at[r]), "schedule": stats,
-        })
-    return records
 
 
 def stats_of(schedule: Schedule) -> dict[str, Any]:
@@ -589,14 +571,16 @@ def summarize(records: list[dict], args: argparse.Namespace, key_fields: tuple[s
 
 
 def main_settings(args: argparse.Namespace) -> list[dict]:
-    """(beta, seed) settings; the training seed of (beta_j, seed s) is 1000 j + s, its timing seed s."""
-    return [{"beta": b, "seed": s, "train_seed": 1000 * j + s} for j, b in enumerate(args.betas) for s in args.seeds]
+    """(beta, seed) settings; the training seed of (beta_j, seed s) is ``setting_seed(j, s)``, its timing seed s."""
+    return [{"beta": b, "seed": s, "train_seed": setting_seed(j, s)} for j, b in enumerate(args.betas)
+            for s in args.seeds]
 
 
 def dropout_settings(args: argparse.Namespace) -> list[dict]:
-    """(fraction, seed) settings at the dropout study's beta; training seed 100000 + 1000 k + s for fraction k."""
+    """(fraction, seed) settings at the dropout study's beta; training seed ``DROPOUT_SEEDS + setting_seed(k, s)``
+    for fraction k (apart from the main comparison's)."""
     beta = args.dropout_setting[1]
-    return [{"beta": beta, "seed": s, "fraction": f, "train_seed": 100000 + 1000 * k + s}
+    return [{"beta": beta, "seed": s, "fraction": f, "train_seed": DROPOUT_SEEDS + setting_seed(k, s)}
             for k, f in enumerate(args.dropout_fractions) for s in args.seeds]
 
 
@@ -1090,20 +1074,31 @@ def setting_statistics(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """The command: runs the experiments of the arguments and writes ``table.md``, ``results.json`` and the figures
     to ``--out``; 2 when the dataset is not available."""
-    args = parse_args(argv)
+    return command_main(argv, parse_args, run_all, write_report, load=load_checked)
+
+
+def load_checked(args: argparse.Namespace) -> Dataset:
+    """The dataset (a ``DataUnavailable`` says how to run without files), and a note for CIFAR at ``--scale cpu``."""
     try:
         dataset = load_ace_dataset(args)
     except DataUnavailable as e:
-        print(f"error: {e}" + ("\n(--dataset synthetic needs no files)" if args.dataset == "fashion_mnist" else ""),
-              file=sys.stderr)
-        return 2
+        raise DataUnavailable(f"{e}" + ("\n(--dataset synthetic needs no files)" if args.dataset == "fashion_mnist"
+                                        else "")) from None
     if args.scale == "cpu" and args.dataset in ("cifar10", "cifar100"):
         print("note: CIFAR at --scale cpu keeps the CPU settings (equal uploads, tuned step sizes)", file=sys.stderr)
-    os.makedirs(args.out, exist_ok=True)
-    started = time.perf_counter()
+    return dataset
+
+
+def run_all(args: argparse.Namespace, dataset: Dataset) -> tuple[dict[float, Task], dict[str, Any]]:
+    """The tasks (one per alpha) and the results of :func:`run_experiments`."""
     tasks = make_tasks(args, dataset)
-    result = run_experiments(tasks, args)
-    seconds = round(time.perf_counter() - started, 1)
+    return tasks, run_experiments(tasks, args)
+
+
+def write_report(args: argparse.Namespace, results: tuple[dict[float, Task], dict[str, Any]], seconds: float) -> str:
+    """``table.md``, ``results.json`` and the figures; returns the table."""
+    tasks, result = results
+    seconds = round(seconds, 1)
     dataset_name = ("LEAF Synthetic(1, 1) (pooled, re-split)" if args.dataset == "synthetic"
                     else DATASET_TITLES[args.dataset])
     table = format_table(result["main"], result["dropout"], result["ablation"], result["checks"], result["stats"],
@@ -1122,8 +1117,7 @@ def main(argv: list[str] | None = None) -> int:
         plot_main(result["runs"], args)
     if result["dropout"]:
         plot_dropout(result["dropout"], result["ablation"], result["dropout_runs"], args)
-    print(table)
-    return 0
+    return table
 
 
 def run_experiments(tasks: dict[float, Task], args: argparse.Namespace) -> dict[str, Any]:

@@ -77,9 +77,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
-import sys
-import time
 from typing import Any, Callable
 
 import jax
@@ -87,14 +84,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from asyncfl_jax import LocalConfig, Schedule, Task, get_algorithm, make_model, make_task, simulate
+from asyncfl_jax import LocalConfig, ReplicaSpec, Schedule, Task, get_algorithm, make_model, make_task
 from asyncfl_jax.algorithms import skip_empty_steps
 from asyncfl_jax.data import partition
 from asyncfl_jax.reproduce.curves import first_passage, mean_on_grid, value_on_grid
-from asyncfl_jax.reproduce.data import DataUnavailable, load_dataset
-from asyncfl_jax.reproduce.report import log_program, pyplot, save_png, write_outputs, yes_no
-from asyncfl_jax.timing import (PoissonRates, build_past, client_rates, concurrent, cut_at_horizon,
-                                pad_to_common_widths, poisson_delays, rates_info, steps_within, synchronous)
+from asyncfl_jax.reproduce.data import load_dataset
+from asyncfl_jax.reproduce.grid import command_main, replica_runs, run_grid, setting_seed
+from asyncfl_jax.reproduce.report import pyplot, save_png, write_outputs, yes_no
+from asyncfl_jax.timing import (PoissonRates, build_past, client_rates, concurrent, cut_at_horizon, poisson_delays,
+                                rates_info, steps_within, synchronous)
 
 # ------------------------------------------------------------------------------------------------ the paper's data
 SETTINGS = {
@@ -248,8 +246,8 @@ def first_guess(kind: str, setting: dict, delays: PoissonRates) -> int:
 
 def horizon_schedules(kind: str, setting: dict, delays_by_level: list[PoissonRates],
                       trials: list[int]) -> list[Schedule]:
-    """One schedule per (level, trial), in that order, all cut at the horizon, of one length and padded to common
-    widths; each records its rates (``info["poisson_rates"]``)."""
+    """One schedule per (level, trial), in that order, all cut at the horizon and of one length; each records its
+    rates (``info["poisson_rates"]``)."""
     n, horizon = setting["n"], setting["horizon"]
 
     def builder(j: int, s: int) -> Callable[[int], Schedule]:
@@ -268,8 +266,8 @@ def horizon_schedules(kind: str, setting: dict, delays_by_level: list[PoissonRat
     for (j, s), sched in built.items():
         if sched.num_steps < needed:  # a schedule is a prefix of a longer one: extend it to the common length
             built[(j, s)] = builder(j, s)(needed)
-    return pad_to_common_widths([cut_at_horizon(built[(j, s)], horizon, needed)
-                                 for j in range(len(delays_by_level)) for s in trials])
+    return [cut_at_horizon(built[(j, s)], horizon, needed)  # the engine pads them to common widths
+            for j in range(len(delays_by_level)) for s in trials]
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -308,42 +306,41 @@ def grid_for(method: str, args: argparse.Namespace) -> list[float]:
 
 
 def run_method(task: Task, method: str, setting_name: str, setting: dict, args: argparse.Namespace) -> list[dict]:
-    """One compiled program per (setting, method): replicas = heterogeneity levels x trials x alphas. Returns one
-    record per replica with its curves, its final accuracy and the exact final loss."""
+    """One compiled program per (setting, method): replicas = heterogeneity levels x trials x alphas, replica
+    (level j, trial s) with the training seed ``setting_seed(j, s)``. Returns one record per replica with its
+    curves, its final accuracy and the exact final loss."""
     name, options, kind, fixed = METHODS[method]
     levels = [poisson_delays(args.rate_mean, std) for std in args.rate_stds]
     schedules = horizon_schedules(kind, setting, levels, args.trials)
-    seeds = [1000 * j + s for j in range(len(levels)) for s in args.trials]
     grid = grid_for(method, args)
     algorithm = skip_empty_steps(get_algorithm(name, **options))
-    hp = {**fixed, "weight_decay": args.nu, "client_lr": grid}
-    T = schedules[0].num_steps
-    eval_every = max(1, int(round(T / args.evals)))
-    started = time.perf_counter()
-    history = simulate(task, algorithm, schedules, local=LocalConfig(steps=setting["local_steps"],
-                                                                      batch_size=args.batch_size),
-                       seeds=seeds, hparams=hp, eval_every=eval_every, progress=False,
-                       label=f"{setting_name} {method}")
-    log_program(f"{setting_name} {method}", history, time.perf_counter() - started)
-    final_loss = exact_losses(task, history.final_params, args.nu)
-    records = []
-    for r in range(history.num_replicas):
-        seed = history.seeds[r]
-        j, s = divmod(seed, 1000)
-        sched = schedules[j * len(args.trials) + args.trials.index(s)]
-        real = sched.arrival_clients >= 0
-        times = np.minimum(history.times[r], setting["horizon"])  # after the last step in the horizon: the model at t_h
-        records.append({
-            "setting": setting_name, "method": method, "alpha": history.hparams[r]["client_lr"],
-            "rate_std": args.rate_stds[j], "trial": s, "training_seed": seed,
-            "times": times.tolist(), "accuracy": history.metrics["test_accuracy"][r].tolist(),
-            "train_ce": history.metrics["train_loss"][r].tolist(),
-            "final_accuracy": float(history.metrics["test_accuracy"][r, -1]), "final_loss": float(final_loss[r]),
-            "diverged_at": int(history.diverged_at[r]), "uploads": int(real.sum()),
-            "server_steps": int(real.any(axis=1).sum()), "staleness_mean": float(sched.staleness[real].mean())
-            if real.any() else None,
-        })
-    return records
+    replicas = [ReplicaSpec(schedules[j * len(args.trials) + i], seed=setting_seed(j, s),
+                            hparams={**fixed, "weight_decay": args.nu, "client_lr": alpha},
+                            label={"method": method, "alpha": float(alpha), "rate_std": args.rate_stds[j], "trial": s})
+                for j in range(len(levels)) for i, s in enumerate(args.trials) for alpha in grid]
+    eval_every = max(1, int(round(schedules[0].num_steps / args.evals)))
+    frame = run_grid(task, algorithm, replicas, local=LocalConfig(steps=setting["local_steps"],
+                                                                  batch_size=args.batch_size),
+                     name=f"{setting_name} {method}", eval_every=eval_every,
+                     per_replica=lambda history: {"final_loss": exact_losses(task, history.final_params, args.nu),
+                                                  **schedule_columns([r.schedule for r in replicas])})
+    frame["time"] = np.minimum(frame["time"], setting["horizon"])  # after the horizon's last step: the model at t_h
+    runs = replica_runs(frame, ("method", "alpha", "rate_std", "trial", "seed", "final_loss", "diverged_at",
+                                "uploads_total", "server_steps", "staleness_mean"),
+                        {"times": "time", "accuracy": "test_accuracy", "train_ce": "train_loss"})
+    return [{"setting": setting_name, "method": method, "alpha": r["alpha"], "rate_std": r["rate_std"],
+             "trial": r["trial"], "training_seed": r["seed"], "times": r["times"], "accuracy": r["accuracy"],
+             "train_ce": r["train_ce"], "final_accuracy": r["accuracy"][-1], "final_loss": float(r["final_loss"]),
+             "diverged_at": r["diverged_at"], "uploads": r["uploads_total"], "server_steps": r["server_steps"],
+             "staleness_mean": r["staleness_mean"]} for r in runs]
+
+
+def schedule_columns(schedules: list[Schedule]) -> dict[str, list]:
+    """Per replica, from its schedule: the uploads, the server steps with an arrival and the mean staleness."""
+    real = [s.arrival_clients >= 0 for s in schedules]
+    return {"uploads_total": [int(m.sum()) for m in real],
+            "server_steps": [int(m.any(axis=1).sum()) for m in real],
+            "staleness_mean": [float(s.staleness[m].mean()) if m.any() else None for s, m in zip(schedules, real)]}
 
 
 def exact_losses(task: Task, final_params: np.ndarray, nu: float) -> np.ndarray:
@@ -717,14 +714,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """The command: runs every setting and method of the arguments and writes ``table.md``, ``results.json`` and the
     figures to ``--out``; 2 when the dataset is not available."""
-    args = parse_args(argv)
-    try:
-        dataset = load_dataset(args.dataset, args.data_dir, args.data_dir, synthetic_clients=30)
-    except DataUnavailable as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    os.makedirs(args.out, exist_ok=True)
-    started = time.perf_counter()
+    return command_main(argv, parse_args, run_all, write_report,
+                        load=lambda args: load_dataset(args.dataset, args.data_dir, args.data_dir,
+                                                       synthetic_clients=30))
+
+
+def run_all(args: argparse.Namespace, dataset: Any) -> dict[str, Any]:
+    """Every (setting, method) program: the runs, the clients' data sizes and rates of each setting."""
     records, partitions, rates = [], {}, {}
     model = make_model("area_logreg", dataset.input_shape, dataset.num_classes, seed=0)
     for setting_name in args.settings:
@@ -736,17 +732,21 @@ def main(argv: list[str] | None = None) -> int:
         task = make_task(dataset, parts, model, train_eval_size=args.train_eval_size)
         for method in args.methods:
             records += run_method(task, method, setting_name, setting, args)
+    return {"runs": records, "client_sizes": partitions, "rates": rates}
+
+
+def write_report(args: argparse.Namespace, results: dict[str, Any], seconds: float) -> str:
+    """``table.md``, ``results.json`` and the figures; returns the table."""
+    records = results["runs"]
     rows = summarize(records, args)
-    seconds = time.perf_counter() - started
     table = format_tables(rows, args, seconds)
     paper = [{"table": t, "method": m, "rate_std": s, "alpha": a, **v} for (t, m, s), d in PAPER.items()
              for a, v in d.items()]
     write_outputs(args.out, table, {"args": vars(args), "rows": rows, "checks": direction_checks(rows, args),
-                                    "runs": records, "client_sizes": partitions, "rates": rates, "paper": paper,
-                                    "seconds": round(seconds, 1)})
+                                    "runs": records, "client_sizes": results["client_sizes"],
+                                    "rates": results["rates"], "paper": paper, "seconds": round(seconds, 1)})
     plot(records, rows, args)
-    print(table)
-    return 0
+    return table
 
 
 def setting_of(name: str, args: argparse.Namespace) -> dict[str, Any]:

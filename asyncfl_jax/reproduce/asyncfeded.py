@@ -35,9 +35,10 @@ paper's Fig. 4 ablation: AsyncFedED with a constant K (``asyncfeded/synthetic/as
 adaptive K, at P = 0.1. Expected direction (paper): AsyncFedED converges faster than every baseline for every P and
 stays stable as P grows while FedAsync degrades at large P; adaptive K beats every constant K.
 
-How the runs are batched. Seeds and suspension probabilities are one vmapped replica axis: replica (P_j, seed s) has
-the training seed ``1000 j + s`` and the event clock (or schedule) of timing seed ``s`` with suspension probability
-P_j, so every method sees the same timing streams for the same (P, seed). Methods that differ only in a
+How the runs are batched. Seeds and suspension probabilities are one vmapped replica axis of explicit replicas
+(``asyncfl_jax.reproduce.grid.run_grid``): replica (P_j, seed s) has the event clock (or schedule) of timing seed
+``s`` with suspension probability P_j, the label (method, P, seed) and the training seed ``1000 j + s``, so every
+method sees the same timing streams for the same (P, seed). Methods that differ only in a
 hyper-parameter share one compiled program: FedAvg and FedProx (``prox_mu`` 0 and 0.1), and FedAsync+Constant and
 +Hinge (Constant is run as the hinge rule with ``a = 0``, which is ``s(tau) = 1`` exactly). The event clock's run
 length is a number of server steps, not a time: it is computed so that every replica covers the budget (exactly for
@@ -68,21 +69,21 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
-import time
+from typing import Any, Callable
 
 import numpy as np
 
-from asyncfl_jax import (Algorithm, EventClock, History, LocalConfig, Schedule, Task, get_algorithm, make_model,
-                         make_task, simulate)
+from asyncfl_jax import (Algorithm, EventClock, History, LocalConfig, ReplicaSpec, Schedule, Task, get_algorithm,
+                         make_model, make_task)
 from asyncfl_jax.data import synthetic_leaf
 from asyncfl_jax.presets import get_preset
+from asyncfl_jax.reproduce.data import DataUnavailable
 from asyncfl_jax.reproduce.curves import finite_mean_std, first_passage, mean_on_grid
-from asyncfl_jax.reproduce.report import (distinct_seeds_problem, label_axes, log_program, pyplot, round_up,
-                                          save_png, write_outputs, yes_no)
-from asyncfl_jax.timing import (DelayModel, all_active, build_past, pad_to_common_widths, steps_within, synchronous,
-                                wait_rounds)
+from asyncfl_jax.reproduce.grid import command_main, replica_runs, run_grid, setting_seed
+from asyncfl_jax.reproduce.report import (distinct_seeds_problem, label_axes, pyplot, round_up, save_png,
+                                          write_outputs, yes_no)
+from asyncfl_jax.timing import DelayModel, all_active, build_past, steps_within, synchronous, wait_rounds
 
 METHODS = ("AsyncFedED", "FedAsync+Constant", "FedAsync+Hinge", "FedAvg", "FedProx")
 PRESETS = {"AsyncFedED": "asyncfeded", "FedAsync+Constant": "fedasync_constant", "FedAsync+Hinge": "fedasync_hinge",
@@ -169,8 +170,8 @@ def async_steps(args: argparse.Namespace, n: int, probs: list[float], seeds: lis
 
 
 def sync_schedules(args: argparse.Namespace, n: int, probs: list[float], seeds: list[int]) -> list[Schedule]:
-    """One synchronous schedule per (P, seed), all with the rounds that the slowest needs to pass the budget and
-    padded to common widths (so that they run as one vectorized program)."""
+    """One synchronous schedule per (P, seed), all with the rounds that the slowest needs to pass the budget (so
+    that they run as one vectorized program)."""
     def build(prob: float, seed: int, rounds: int) -> Schedule:
         delays = delay_model(args, prob)
         return wait_rounds(n, rounds, delays, seed) if args.sync_suspensions == "wait" else synchronous(
@@ -183,7 +184,7 @@ def sync_schedules(args: argparse.Namespace, n: int, probs: list[float], seeds: 
             break
         rounds *= 2
     needed = max(steps_within(s, args.budget) + 1 for s in schedules)
-    return pad_to_common_widths([s.truncate(needed) for s in schedules])
+    return [s.truncate(needed) for s in schedules]  # the engine pads them to common widths
 
 
 # ------------------------------------------------------------------------------------------------ the runs
@@ -194,43 +195,48 @@ def local_config(preset: dict) -> tuple[LocalConfig, dict]:
     return local, {"client_lr": loc["lr"], "momentum": loc["momentum"]}
 
 
-def training_seed(prob_index: int, seed: int) -> int:
-    """The training seed of replica (P_j, seed s): ``1000 j + s``."""
-    return 1000 * prob_index + seed
-
-
 def run_group(task: Task, name: str, preset: dict, options: dict, hparams: dict, variants: list[tuple[str, dict]],
               settings: list[tuple[float, int, int]], args: argparse.Namespace, k_scale: float = 1.0) -> list[dict]:
-    """Runs one compiled program: every (variant, P, seed) as a replica. ``variants`` are (label, swept value)
-    pairs of at most one swept hyper-parameter; ``settings`` are (P, prob_index, seed). Returns one record per
-    (variant, P, seed) with its evaluation times, accuracies and (AsyncFedED) local step counts."""
+    """Runs one compiled program: every (P, seed) setting x variant as a replica. ``variants`` are (label,
+    hyper-parameter values) pairs; ``settings`` are (P, prob_index, seed), the replica's training seed
+    ``setting_seed(prob_index, seed)``. Returns one record per replica with its evaluation times, accuracies and
+    (AsyncFedED) mean local steps."""
     local, local_hp = local_config(preset)
     algorithm = get_algorithm(preset["algorithm"], **options)
-    hp = {**local_hp, **hparams}
-    for key in {k for _, v in variants for k in v}:
-        hp[key] = [v[key] for _, v in variants]
-    seeds = [training_seed(j, s) for _, j, s in settings]
-    started = time.perf_counter()
     if preset["protocol"]["name"] == "synchronous":
         probs = sorted({q for q, _, _ in settings})
         timing_seeds = sorted({s for _, _, s in settings})
         by_setting = dict(zip([(q, s) for q in probs for s in timing_seeds],
                               sync_schedules(args, task.num_clients, probs, timing_seeds)))
-        history = simulate(task, algorithm, [by_setting[(q, s)] for q, _, s in settings], local=local, seeds=seeds,
-                           hparams=hp, eval_every=1, progress=False, label=name)
+        replicas = grid_replicas(settings, variants, {**local_hp, **hparams}, lambda q, s: by_setting[(q, s)])
+        frame = run_grid(task, algorithm, replicas, local=local, name=name, eval_every=1, log_width=22)
     else:
         adaptive = preset["algorithm"] == "asyncfeded" and options.get("adaptive_steps", True)
-        history = run_over_budget(task, algorithm, name, settings, args, k_scale, adaptive,
-                                  dict(local=local, seeds=seeds, hparams=hp, progress=False, label=name))
-    log_program(name, history, time.perf_counter() - started, width=22)
-    return group_records(history, settings, variants, seeds, args)
+        frame = run_over_budget(task, algorithm, name, settings, variants, {**local_hp, **hparams}, local, args,
+                                k_scale, adaptive)
+    extra = ("mean_k",) if "mean_k" in frame.columns else ()
+    runs = replica_runs(frame, ("method", "prob", "timing_seed", "seed", "diverged_at", *extra),
+                        {"times": "time", "accuracy": "test_accuracy", "uploads": "uploads"})
+    return [{"method": r["method"], "prob": r["prob"], "seed": r["timing_seed"], "training_seed": r["seed"],
+             "times": r["times"], "accuracy": r["accuracy"], "uploads": r["uploads"], "diverged_at": r["diverged_at"],
+             **{k: r[k] for k in extra}} for r in runs]
+
+
+def grid_replicas(settings: list[tuple[float, int, int]], variants: list[tuple[str, dict]], hparams: dict,
+                  timing: Callable[[float, int], Any]) -> list[ReplicaSpec]:
+    """The replicas of one program: for each (P, prob_index, seed) setting, each variant; the schedule or event
+    clock ``timing(P, seed)``, the training seed ``setting_seed(prob_index, seed)``, the label (method, P, seed)."""
+    return [ReplicaSpec(timing(q, s), seed=setting_seed(j, s), hparams={**hparams, **values},
+                        label={"method": label, "prob": q, "timing_seed": s})
+            for q, j, s in settings for label, values in variants]
 
 
 def run_over_budget(task: Task, algorithm: Algorithm, name: str, settings: list[tuple[float, int, int]],
-                    args: argparse.Namespace, k_scale: float, adaptive: bool, run: dict) -> History:
+                    variants: list[tuple[str, dict]], hparams: dict, local: LocalConfig, args: argparse.Namespace,
+                    k_scale: float, adaptive: bool) -> Any:
     """A program of the event clock (``settings``: (P, prob_index, seed)) whose every replica passes the budget:
     the steps that ``all_active`` needs (times ``ADAPTIVE_MARGIN`` for AsyncFedED's adaptive K), run again longer
-    while a replica falls short. ``run`` holds the other arguments of :func:`asyncfl_jax.simulate`."""
+    while a replica falls short. Returns the :func:`run_grid` frame, with AsyncFedED's ``mean_k`` per replica."""
     n = task.num_clients
     steps = async_steps(args, n, sorted({q for q, _, _ in settings}), sorted({s for _, _, s in settings}), k_scale)
     rate = n / (args.comm_time + k_scale)  # arrivals per unit of time at P = 0
@@ -239,35 +245,26 @@ def run_over_budget(task: Task, algorithm: Algorithm, name: str, settings: list[
         steps = int(steps * ADAPTIVE_MARGIN)  # K moves the job lengths; re-run longer below if it falls short
     while True:
         steps = round_up(steps, eval_every)  # one chunk size: one compilation
-        clocks = [EventClock(n, steps, delay_model(args, q), s) for q, _, s in settings]
-        history = simulate(task, algorithm, clocks, eval_every=eval_every, **run)
-        ends = history.times[:, -1]
-        if ends.min() > args.budget or history.stopped_early:
-            return history
+        replicas = grid_replicas(settings, variants, hparams,
+                                 lambda q, s: EventClock(n, steps, delay_model(args, q), s))
+        frame = run_grid(task, algorithm, replicas, local=local, name=name, eval_every=eval_every, log_width=22,
+                         per_replica=lambda history: {"mean_k": [mean_k(history, r, args.budget)
+                                                                 for r in range(history.num_replicas)]})
+        ends = frame.groupby("replica").time.last()
+        every_diverged = bool((frame.groupby("replica").diverged_at.first() >= 0).all())
+        if ends.min() > args.budget or every_diverged:
+            return frame
         grow = max(1.3 * args.budget / max(float(ends.min()), 1e-9), 1.3)
         print(f"{name}: {steps} steps cover only {ends.min():.1f} < {args.budget:g} time units; running "
               f"{int(steps * grow)} steps", file=sys.stderr, flush=True)
         steps = int(steps * grow)
 
 
-def group_records(history: History, settings: list[tuple[float, int, int]], variants: list[tuple[str, dict]],
-                  seeds: list[int], args: argparse.Namespace) -> list[dict]:
-    """One record per (setting, variant) replica: its curves and (AsyncFedED) mean K within the budget."""
-    records = []
-    nv = len(variants)
-    for i, (q, j, s) in enumerate(settings):
-        for v, (label, _) in enumerate(variants):
-            r = i * nv + v  # replicas: for each seed, every swept value
-            times, acc = history.times[r], history.metrics["test_accuracy"][r]
-            rec = {"method": label, "prob": q, "seed": s, "training_seed": seeds[i], "times": times.tolist(),
-                   "accuracy": acc.tolist(), "uploads": history.uploads[r].tolist(),
-                   "diverged_at": int(history.diverged_at[r])}
-            if history.job_steps is not None:
-                step_times = np.asarray(history.realized_schedules[r].step_times)
-                within = history.job_steps[r][: int(np.searchsorted(step_times, args.budget, side="right"))]
-                rec["mean_k"] = float(within.mean()) if within.size else None
-            records.append(rec)
-    return records
+def mean_k(history: History, r: int, budget: float) -> float | None:
+    """Replica ``r``'s mean local steps K over the updates it applied within the budget (None without updates)."""
+    step_times = np.asarray(history.realized_schedules[r].step_times)
+    within = history.job_steps[r][: int(np.searchsorted(step_times, budget, side="right"))]
+    return float(within.mean()) if within.size else None
 
 
 def run_all(args: argparse.Namespace) -> list[dict]:
@@ -530,22 +527,24 @@ def plot_ablation(records: list[dict], args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """The command: runs every program and writes ``table.md``, ``results.json`` and the figures to ``--out``; 2 for
     the paper's tasks that are not available."""
-    args = parse_args(argv)
+    return command_main(argv, parse_args, lambda args, _: run_all(args), write_report, load=check_task)
+
+
+def check_task(args: argparse.Namespace) -> None:
+    """Only Synthetic(1, 1) is available: the paper's other tasks raise ``DataUnavailable``."""
     if args.task != "synthetic":
-        print(f"error: {UNAVAILABLE.format(task=args.task.capitalize() if args.task != 'femnist' else 'FEMNIST')}",
-              file=sys.stderr)
-        return 2
+        raise DataUnavailable(UNAVAILABLE.format(task=args.task.capitalize() if args.task != "femnist" else "FEMNIST"))
     if args.scale == "paper" and not args.quick:
         print("--scale paper: Synthetic(1, 1) only; the paper's FEMNIST and Shakespeare tasks are not available in "
               "this project", file=sys.stderr)
-    os.makedirs(args.out, exist_ok=True)
-    started = time.perf_counter()
-    records = run_all(args)
+
+
+def write_report(args: argparse.Namespace, records: list[dict], seconds: float) -> str:
+    """``table.md``, ``results.json`` and the figures; returns the table."""
     rows = summarize(records, args)
-    seconds = round(time.perf_counter() - started, 1)
+    seconds = round(seconds, 1)
     table = format_table(rows, args) + f"\nWall time: {seconds} s.\n"
     write_outputs(args.out, table, {"args": vars(args), "results": rows, "checks": direction_checks(rows, args),
                                     "runs": records, "seconds": seconds})
     plot(records, rows, args)
-    print(table)
-    return 0
+    return table

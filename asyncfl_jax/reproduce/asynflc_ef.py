@@ -82,21 +82,22 @@ import math
 import os
 import re
 import sys
-import time
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from asyncfl_jax import LocalConfig, Schedule, Task, get_algorithm, make_model, make_schedule, make_task, simulate
+from asyncfl_jax import (LocalConfig, ReplicaSpec, Schedule, Task, get_algorithm, make_model, make_schedule,
+                         make_task)
 from asyncfl_jax.algorithms import Algorithm
 from asyncfl_jax.algorithms.compression import num_kept
 from asyncfl_jax.data import Dataset, partition
 from asyncfl_jax.reproduce.curves import best_on_grid, fewest_on_grid, first_reach, mean_if_all
-from asyncfl_jax.reproduce.data import check_dataset, load_dataset
+from asyncfl_jax.reproduce.data import DataUnavailable, check_dataset, load_dataset
+from asyncfl_jax.reproduce.grid import command_main, metric_dtype, replica_arrays, run_grid, setting_seed
 from asyncfl_jax.reproduce.report import (distinct_seeds_problem, fmt_bits, fmt_ratio, parse_checked, pyplot,
                                           round_up, to_json, yes_no)
 from asyncfl_jax.results import save_figure, write_atomic
-from asyncfl_jax.timing import DelayModel, delay_statistics, pad_to_common_widths, window_schedule
+from asyncfl_jax.timing import DelayModel, delay_statistics, window_schedule
 
 # ------------------------------------------------------------------------------------------------ the paper's numbers
 # Table III: uplink GB to reach the target accuracy (non-IID), per task (target, {method: GB}).
@@ -386,7 +387,8 @@ def delay_model() -> DelayModel:
 
 
 def window_schedules(n: int, rounds: int, window: float, seeds: list[int], semantics: str) -> list[Schedule]:
-    """One window schedule per seed, padded to common widths (the seeds run as one program): ``wait``, the digest's
+    """One window schedule per seed (the engine pads them to common widths to run them as one program): ``wait``, the
+    digest's
     window server (:func:`asyncfl_jax.timing.window_schedule`, jobs capped at 1000 s), or ``immediate``, the package's
     ``all_active`` protocol with a periodic server clock."""
     delays = delay_model()
@@ -394,7 +396,7 @@ def window_schedules(n: int, rounds: int, window: float, seeds: list[int], seman
         out = [window_schedule(n, rounds, window, delays, s, max_duration=MAX_DURATION) for s in seeds]
     else:
         out = [make_schedule("all_active", n, rounds, delays, s, aggregation="periodic", period=window) for s in seeds]
-    return pad_to_common_widths(out)
+    return out
 
 
 def buffer_schedules(n: int, steps: int, buffer_size: int, seeds: list[int]) -> list[Schedule]:
@@ -404,32 +406,39 @@ def buffer_schedules(n: int, steps: int, buffer_size: int, seeds: list[int]) -> 
 
 
 # ------------------------------------------------------------------------------------------------ the runs
-def run_program(task: Task, method: Method, schedules: list[Schedule], seeds: list[int], hparams: dict,
-                eval_every: int, cfg: dict, label: str) -> dict[str, Any]:
-    """Runs ``method`` for every seed (seeds grouped ``cfg["seeds_per_program"]`` to a program) and returns its
-    evaluations per replica (seed-major, then the server-lr grid) as numpy arrays."""
+def run_program(task: Task, method: Method, replicas: list[ReplicaSpec], per_program: int, eval_every: int,
+                cfg: dict, label: str) -> dict[str, Any]:
+    """Runs ``method`` on ``replicas``, ``per_program`` of them to a program (:func:`run_grid`), and returns its
+    evaluations per replica (in the replicas' order) as numpy arrays."""
     local = LocalConfig(steps=cfg["local_steps"], batch_size=cfg["batch_size"])
     algorithm = method.build()
-    group = max(1, int(cfg["seeds_per_program"]))
-    parts = []
-    for i in range(0, len(seeds), group):
-        parts.append(simulate(task, algorithm, schedules[i:i + group], local=local, seeds=seeds[i:i + group],
-                              hparams=hparams, eval_every=eval_every, progress=False, label=label))
-    h = parts[0]
+    frames = [run_grid(task, algorithm, replicas[i:i + per_program], local=local, name=label, eval_every=eval_every)
+              for i in range(0, len(replicas), max(1, per_program))]
+    info = frames[0].attrs["run"]
+    parts = [replica_arrays(f, {"times": "time", "uploads": "uploads", "accuracy": "test_accuracy",
+                                "test_loss": "test_loss"},
+                            {"accuracy": metric_dtype(f), "test_loss": metric_dtype(f)}) for f in frames]
     out = {
-        "steps": np.asarray(h.steps), "times": np.concatenate([p.times for p in parts]),
-        "uploads": np.concatenate([p.uploads for p in parts]),
-        "accuracy": np.concatenate([p.metrics["test_accuracy"] for p in parts]),
-        "test_loss": np.concatenate([p.metrics["test_loss"] for p in parts]),
-        "diverged_at": np.concatenate([p.diverged_at for p in parts]),
-        "message_bits": h.message_bits, "algorithm": h.algorithm, "algorithm_options": h.algorithm_options,
-        "seconds": round(sum(p.compile_seconds + p.run_seconds for p in parts), 1),
-        "compile_seconds": round(sum(p.compile_seconds for p in parts), 1),
+        "steps": np.sort(frames[0]["step"].unique()),
+        **{k: np.concatenate([p[k] for p in parts]) for k in ("times", "uploads", "accuracy", "test_loss")},
+        "diverged_at": np.concatenate([f.groupby("replica").diverged_at.first().to_numpy() for f in frames]),
+        "message_bits": info["message_bits"], "algorithm": info["algorithm"],
+        "algorithm_options": info["algorithm_options"],
+        "seconds": round(sum(f.attrs["run"]["compile_seconds"] + f.attrs["run"]["run_seconds"] for f in frames), 1),
+        "compile_seconds": round(sum(f.attrs["run"]["compile_seconds"] for f in frames), 1),
     }
     out["paper_bits"] = out["uploads"].astype(np.float64) * method.paper_bits(int(task.num_params))
-    m = h.message_bits or {"payload": 0, "index": 0}
+    m = info["message_bits"] or {"payload": 0, "index": 0}
     out["bits_with_index"] = out["uploads"].astype(np.float64) * (m["payload"] + m["index"])
     return out
+
+
+def seed_grid(schedules: list[Schedule], seeds: list[int], hparams: dict, grid: list[float],
+              labels: list[dict]) -> list[ReplicaSpec]:
+    """The replicas of seeds x server learning rates (seed-major): seed ``i`` with ``schedules[i]``, label
+    ``labels[i]`` and every value of ``grid``."""
+    return [ReplicaSpec(schedules[i], seed=seed, hparams={**hparams, "server_lr": lr}, label=labels[i])
+            for i, seed in enumerate(seeds) for lr in grid]
 
 
 def grid_of(method: Method, cfg: dict) -> list[float]:
@@ -534,8 +543,11 @@ def run_methods(task: Task, dataset_name: str, windows: list[Schedule], every: i
             schedules, eval_every = buffered, buffer_every
         else:
             schedules, eval_every = windows, every
-        hparams = {"client_lr": cfg["client_lr"], "server_lr": list(grid_of(method, cfg))}
-        run = run_program(task, method, schedules, seeds, hparams, eval_every, cfg, method.name)
+        grid = list(grid_of(method, cfg))
+        replicas = seed_grid(schedules, seeds, {"client_lr": cfg["client_lr"]}, grid,
+                             [{"method": method.name, "timing_seed": s} for s in seeds])
+        run = run_program(task, method, replicas, max(1, int(cfg["seeds_per_program"])) * len(grid), eval_every,
+                          cfg, method.name)
         row = summarise(method, run, cfg)
         row["paper"] = paper_reference(cfg["paper_row"], method.name)
         rows.append(row)
@@ -576,8 +588,8 @@ def heatmap(rows: list[dict], args: argparse.Namespace, cfg: dict) -> list[dict]
 
 
 def run_windows(task: Task, args: argparse.Namespace, cfg: dict, rows: list[dict]) -> dict[str, Any]:
-    """Fig. 4: the window method at every waiting time W as one program (replica (W_j, seed s): training seed
-    1000 j + s, window schedule of timing seed s), at the server lr chosen for it in the main comparison."""
+    """Fig. 4: the window method at every waiting time W as one program (replica (W_j, seed s): the window schedule
+    of timing seed s, training seed ``setting_seed(j, s)``), at the server lr chosen for it in the main comparison."""
     method = parse_method(args.window_method, args.qsgd_norm)
     chosen = next((r["server_lr"] for r in rows if r["method"] == method.name), None)
     server_lr = chosen if chosen is not None else (1.0 if 1.0 in cfg["server_lr"] else cfg["server_lr"][0])
@@ -586,13 +598,12 @@ def run_windows(task: Task, args: argparse.Namespace, cfg: dict, rows: list[dict
     settings = [(w, j, s) for j, w in enumerate(args.windows) for s in seeds]
     schedules = [window_schedules(n, T, w, [s], cfg["window_semantics"])[0] for w, _, s in settings]
     stats = [delay_statistics(s) for s in schedules]
-    schedules = pad_to_common_widths(schedules)
-    training = [1000 * j + s for _, j, s in settings]
+    replicas = seed_grid(schedules, [setting_seed(j, s) for _, j, s in settings], {"client_lr": cfg["client_lr"]},
+                         [server_lr], [{"window": w, "timing_seed": s} for w, _, s in settings])
     # All (W, seed) replicas in one program, unless the task runs its seeds one by one (AlexNet's memory).
     together = cfg["seeds_per_program"] >= len(seeds)
-    program_cfg = dict(cfg, seeds_per_program=len(settings) if together else cfg["seeds_per_program"])
-    run = run_program(task, method, schedules, training, {"client_lr": cfg["client_lr"], "server_lr": server_lr},
-                      every, program_cfg, f"{method.name} over W")
+    run = run_program(task, method, replicas, len(settings) if together else max(1, int(cfg["seeds_per_program"])),
+                      every, cfg, f"{method.name} over W")
     target = cfg["target"]
     per_w = []
     for j, w in enumerate(args.windows):
@@ -987,7 +998,12 @@ def plan(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     """The command: ``--dry-run`` prints the plan, ``--from-results`` remakes the table and figures, else every task
     runs and ``table.md``, ``results.json`` and the figures are written to ``--out``; 2 when data are missing."""
-    args = parse_args(argv)
+    return command_main(argv, parse_args, lambda args, _: [run_task(name, args) for name in args.tasks],
+                        report_runs, load=check_tasks_data, early=without_running)
+
+
+def without_running(args: argparse.Namespace) -> int | None:
+    """``--dry-run`` (the plan) and ``--from-results`` (the table and figures of saved results): 0; else None."""
     if args.dry_run:
         print(plan(args))
         return 0
@@ -995,26 +1011,29 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.from_results) as f:
             data = json.load(f)
         os.makedirs(args.out, exist_ok=True)
-        write_report(data, args.out, write_json=os.path.abspath(os.path.dirname(args.from_results)) !=
-                      os.path.abspath(args.out))
+        print(write_report(data, args.out, write_json=os.path.abspath(os.path.dirname(args.from_results)) !=
+                           os.path.abspath(args.out)))
         return 0
+    return None
+
+
+def check_tasks_data(args: argparse.Namespace) -> None:
+    """``DataUnavailable`` listing every task whose data are missing."""
     missing = [m for m in (check_data(t, args) for t in args.tasks) if m]
     if missing:
-        print("error: " + "\n\n".join(missing) + "\n\nGet the data (see above) or choose tasks with --tasks (e.g. "
-              "--tasks fmnist_mlp; --tasks synthetic_logreg needs no download).", file=sys.stderr)
-        return 2
-    os.makedirs(args.out, exist_ok=True)
-    started = time.perf_counter()
-    results = [run_task(name, args) for name in args.tasks]
-    seconds = round(time.perf_counter() - started, 1)
+        raise DataUnavailable("\n\n".join(missing) + "\n\nGet the data (see above) or choose tasks with --tasks (e.g. "
+                              "--tasks fmnist_mlp; --tasks synthetic_logreg needs no download).")
+
+
+def report_runs(args: argparse.Namespace, results: list[dict], seconds: float) -> str:
+    """``table.md``, ``results.json`` and the figures of the tasks' results; returns the table."""
     saved = {k: v for k, v in vars(args).items() if k != "method_specs"}
-    write_report(to_json({"args": saved, "paper_table3": PAPER_TABLE3, "tasks": results, "seconds": seconds}),
-                 args.out, write_json=True)
-    return 0
+    return write_report(to_json({"args": saved, "paper_table3": PAPER_TABLE3, "tasks": results,
+                                 "seconds": round(seconds, 1)}), args.out, write_json=True)
 
 
-def write_report(data: dict, out: str, write_json: bool) -> None:
-    """``table.md`` (also printed), the figures and (``write_json``) ``results.json`` from the results."""
+def write_report(data: dict, out: str, write_json: bool) -> str:
+    """``table.md``, the figures and (``write_json``) ``results.json`` from the results; returns the table."""
     results, saved = data["tasks"], data["args"]
     title = (f"# AsynFLC-EF reproduction (--scale {saved['scale']}{', --quick' if saved['quick'] else ''})\n\n"
              "Upload volume to reach the target test accuracy (Table III), AsynFLC-EF's compression grid, and the "
@@ -1028,4 +1047,4 @@ def write_report(data: dict, out: str, write_json: bool) -> None:
     plot_windows(results, os.path.join(out, "waiting_time.png"))
     if write_json:
         write_atomic(os.path.join(out, "results.json"), json.dumps(data, indent=1))
-    print(table)
+    return table

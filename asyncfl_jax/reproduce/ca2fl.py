@@ -79,20 +79,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import sys
-import time
 from typing import Any
 
 import numpy as np
 
-from asyncfl_jax import LocalConfig, Schedule, Task, get_algorithm, make_model, make_schedule, make_task, simulate
+from asyncfl_jax import (LocalConfig, ReplicaSpec, Schedule, Task, get_algorithm, make_model, make_schedule,
+                         make_task)
 from asyncfl_jax.data import Dataset, partition
 from asyncfl_jax.reproduce.curves import finite_mean_std, first_passage, mean_of_aligned
-from asyncfl_jax.reproduce.data import DATASET_TITLES, check_dataset, load_dataset, standardize_channels
-from asyncfl_jax.reproduce.report import (distinct_seeds_problem, label_axes, log_program, pyplot, save_png,
-                                          write_outputs, yes_no)
-from asyncfl_jax.timing import DelayModel, pad_to_common_widths, schedule_summary
+from asyncfl_jax.reproduce.data import (DATASET_TITLES, DataUnavailable, check_dataset, load_dataset,
+                                        standardize_channels)
+from asyncfl_jax.reproduce.grid import command_main, replica_runs, run_grid, setting_seed
+from asyncfl_jax.reproduce.report import distinct_seeds_problem, label_axes, pyplot, save_png, write_outputs, yes_no
+from asyncfl_jax.timing import DelayModel, schedule_summary
 
 
 # ------------------------------------------------------------------------------------------------ methods, settings
@@ -472,31 +472,29 @@ def hparams_for(method: Method, setting: Setting, args: argparse.Namespace) -> d
 def run_group(task: Task, local: LocalConfig, setting: Setting, method: Method, items: list[tuple[Variant, int, int]],
               args: argparse.Namespace) -> list[dict]:
     """One compiled program: every (variant, seed) in ``items`` (variant, variant index, seed) as a replica, all
-    with the same buffer width. Replica (v, s) has the training seed ``1000 v + s`` and timing seed ``s``."""
+    with the same buffer width. Replica (v, s) has the schedule of timing seed ``s`` and the training seed
+    ``setting_seed(v, s)``."""
     algorithm = get_algorithm(method.algorithm, **method.options)
-    schedules = pad_to_common_widths([schedule_for(method, v, args.rounds, s, args) for v, _, s in items])
-    seeds = [1000 * j + s for _, j, s in items]
+    replicas = [ReplicaSpec(schedule_for(method, v, args.rounds, s, args), seed=setting_seed(j, s),
+                            hparams=hparams_for(method, setting, args),
+                            label={"variant": v.name, "concurrency": v.concurrency, "buffer": v.buffer,
+                                   "delays": v.delays, "timing_seed": s})
+                for v, j, s in items]
     per_round = items[0][0].buffer if method.kind == "fedasync" else 1  # server steps per round
-    label = f"{setting.key} {method.label}"
-    history = simulate(task, algorithm, schedules, local=local, seeds=seeds, hparams=hparams_for(method, setting, args),
-                       eval_every=args.eval_every * per_round, progress=False, label=label)
-    records = []
-    for r, (variant, _, seed) in enumerate(items):
-        stats = schedule_summary(schedules[r])
-        uploads = history.uploads[r]
-        records.append({
-            "setting": setting.key, "method": method.key, "variant": variant.name,
-            "concurrency": variant.concurrency, "buffer": variant.buffer, "delays": variant.delays,
-            "seed": seed, "training_seed": seeds[r],
-            # global rounds; FedAsync: round equivalents, client updates / M of the main protocol
-            "rounds": (history.steps / per_round).tolist(),
-            "uploads": uploads.tolist(), "accuracy": history.metrics["test_accuracy"][r].tolist(),
-            "test_loss": history.metrics["test_loss"][r].tolist(),
-            "tau_avg": stats["staleness_mean"], "tau_max": stats["staleness_max"],
-            "diverged_at": int(history.diverged_at[r]),
-        })
-    log_program(label, history, width=48)
-    return records
+    stats = [schedule_summary(r.schedule) for r in replicas]
+    frame = run_grid(task, algorithm, replicas, local=local, name=f"{setting.key} {method.label}",
+                     eval_every=args.eval_every * per_round, log_width=48,
+                     per_replica=lambda _: {"tau_avg": [x["staleness_mean"] for x in stats],
+                                            "tau_max": [x["staleness_max"] for x in stats]})
+    frame["rounds"] = frame["step"] / per_round  # global rounds; FedAsync: client updates / M of the main protocol
+    runs = replica_runs(frame, ("variant", "concurrency", "buffer", "delays", "timing_seed", "seed", "tau_avg",
+                                "tau_max", "diverged_at"),
+                        {"rounds": "rounds", "uploads": "uploads", "accuracy": "test_accuracy",
+                         "test_loss": "test_loss"})
+    return [{"setting": setting.key, "method": method.key, "variant": r["variant"], "concurrency": r["concurrency"],
+             "buffer": r["buffer"], "delays": r["delays"], "seed": r["timing_seed"], "training_seed": r["seed"],
+             "rounds": r["rounds"], "uploads": r["uploads"], "accuracy": r["accuracy"], "test_loss": r["test_loss"],
+             "tau_avg": r["tau_avg"], "tau_max": r["tau_max"], "diverged_at": r["diverged_at"]} for r in runs]
 
 
 def methods_for(setting: Setting, args: argparse.Namespace) -> list[Method]:
@@ -1020,13 +1018,18 @@ def plot_grid(rows: list[dict], args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     """The command: runs every setting (and the ablation) of the arguments and writes ``table.md``, ``results.json``
     and the figures to ``--out``; 2 when a dataset is not available."""
-    args = parse_args(argv)
+    return command_main(argv, parse_args, run_all, write_report, load=check_available)
+
+
+def check_available(args: argparse.Namespace) -> None:
+    """``DataUnavailable`` when a setting's dataset cannot be read (:func:`check_data`)."""
     problem = check_data(args)
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    os.makedirs(args.out, exist_ok=True)
-    started = time.perf_counter()
+        raise DataUnavailable(problem)
+
+
+def run_all(args: argparse.Namespace, _: Any = None) -> dict[str, Any]:
+    """Every setting (each dataset loaded once): the runs, the tasks' descriptions and the delay tables."""
     delays = delay_tables(args)
     records, infos, datasets = [], {}, {}
     for setting in args.settings:
@@ -1034,8 +1037,13 @@ def main(argv: list[str] | None = None) -> int:
             datasets[setting.dataset] = load_setting_dataset(setting.dataset, args)
         recs, infos[setting.key] = run_setting(setting, datasets[setting.dataset], args)
         records += recs
+    return {"runs": records, "tasks": infos, "delays": delays}
+
+
+def write_report(args: argparse.Namespace, results: dict[str, Any], seconds: float) -> str:
+    """``table.md``, ``results.json`` and the figures; returns the table."""
+    records, infos, delays = results["runs"], results["tasks"], results["delays"]
     rows = summarize(records, args)
-    seconds = time.perf_counter() - started
     table = format_table(rows, delays, infos, args, seconds)
     saved_args = {k: ([s.key for s in v] if k == "settings" else v.key if k == "ablation_setting" else v)
                   for k, v in vars(args).items()}
@@ -1043,5 +1051,4 @@ def main(argv: list[str] | None = None) -> int:
                                     "checks": direction_checks(rows, args), "delays": delays, "runs": records,
                                     "seconds": round(seconds, 1)})
     plot(records, rows, args)
-    print(table)
-    return 0
+    return table

@@ -13,8 +13,8 @@ Results schema (one output folder per ``asyncfl run``):
 * ``environment.json``: what produced the results: versions of Python, asyncfl_jax, jax, jaxlib, flax, optax and
   numpy, the JAX backend, the device kinds and count, the operating system, and the resolved configuration.
 * ``metrics.csv``: one row per (run, replica, evaluation) with columns
-  ``run, algorithm, replica, seed, <swept hyper-parameters...>, point, step, time, uploads, local_steps, <metrics...>,
-  diverged_at``. ``point`` numbers the replica's hyper-parameter point within its run (0, 1, ... in first-seen
+  ``run, algorithm, replica, seed, <label keys...>, <swept hyper-parameters...>, point, step, time, uploads,
+  local_steps, <metrics...>, diverged_at``. ``point`` numbers the replica's hyper-parameter point within its run (0, 1, ... in first-seen
   order; the swept columns name it), ``step`` is the number of server steps applied, ``time`` the virtual time,
   ``uploads`` the number of client results the server has received, ``local_steps`` the local steps (minibatch
   gradients) the clients trained for them (:attr:`History.local_steps`); the metrics are every name of
@@ -59,7 +59,7 @@ from asyncfl_jax.results.history_files import HISTORY_FORMAT, load_history, remo
 from asyncfl_jax.results.loading import load_results
 from asyncfl_jax.results.plots import plot_accuracy, point_curves
 from asyncfl_jax.results.points import (METRIC_COLUMNS, Point, SeedStats, headline_metric, lower_is_better,
-                                        point_name, seed_stats, swept_names)
+                                        point_name, label_name, seed_stats, swept_names)
 from asyncfl_jax.results.records import ClientEvaluation, EventClockRecord, LookaheadWindows, RunCost
 from asyncfl_jax.results.tables import INTEGER_COLUMNS, histories_dataframe, metrics_csv, read_metrics_csv
 from asyncfl_jax.results.writing import (TRAJECTORY_KEY, read_trajectory, write_client_metrics, write_results,
@@ -70,7 +70,7 @@ __all__ = [
     "VOLATILE_ENVIRONMENT", "ClientEvaluation", "EventClockRecord", "History", "LookaheadWindows", "Point",
     "RunCost", "SeedStats", "atomic_file", "environment_info", "environment_json", "git_state", "headline_metric",
     "histories_dataframe", "invocation_info", "load_history", "load_results", "lower_is_better", "metrics_csv",
-    "plot_accuracy", "point_curves", "point_name", "read_metrics_csv", "read_trajectory", "remove_history",
+    "plot_accuracy", "point_curves", "point_name", "label_name", "read_metrics_csv", "read_trajectory", "remove_history",
     "save_figure", "save_history", "seed_stats", "swept_names", "write_atomic", "write_client_metrics",
     "write_results", "write_trajectory",
 ]

@@ -84,6 +84,7 @@ class History:
     clock: EventClockRecord | None = None
     windows: LookaheadWindows | None = None
     trajectory: Any = None
+    labels: list[dict[str, Any]] | None = None
 
     def __init__(self, label: str, algorithm: str, algorithm_options: dict[str, Any], steps: np.ndarray,
                  times: np.ndarray, uploads: np.ndarray, metrics: dict[str, np.ndarray], seeds: list[int],
@@ -92,7 +93,7 @@ class History:
                  local_steps: np.ndarray | None = None, final_params: np.ndarray | None = None,
                  cost: RunCost | None = None, clients: ClientEvaluation | None = None,
                  clock: EventClockRecord | None = None, windows: LookaheadWindows | None = None,
-                 trajectory: Any = None, **first_layout: Any) -> None:
+                 trajectory: Any = None, labels: list[dict[str, Any]] | None = None, **first_layout: Any) -> None:
         """The fields above; ``first_layout``: flat fields of the first layout (e.g. ``compile_seconds=...``,
         ``client_metrics=...``), each replacing its part of the record
         (:func:`~asyncfl_jax.results.records.grouped_fields`). A field added to the class must be added here too."""
@@ -101,7 +102,7 @@ class History:
         self.seeds, self.hparams, self.diverged_at = seeds, hparams, diverged_at
         self.schedule_stats, self.num_steps, self.stopped_early = schedule_stats, num_steps, stopped_early
         self.precision, self.local_steps, self.final_params = precision, local_steps, final_params
-        self.trajectory = trajectory
+        self.trajectory, self.labels = trajectory, labels
         for name, value in grouped_fields(cost, clients, clock, windows, first_layout).items():
             setattr(self, name, value)
 
@@ -126,7 +127,7 @@ class History:
     def flat_fields(self) -> dict[str, Any]:
         """Every field in the first (flat) layout, in its order: the core fields and each record's parts under their
         old names (what the History file holds, :func:`~asyncfl_jax.results.history_files.save_history`)."""
-        return {name: getattr(self, name) for name in FIRST_LAYOUT}
+        return {**{name: getattr(self, name) for name in FIRST_LAYOUT}, "labels": self.labels}
 
     @property
     def num_replicas(self) -> int:
@@ -193,15 +194,22 @@ class History:
             raise KeyError(f"{self.label}: no metric {metric!r}; the History has {sorted(self.metrics)}")
         return metric
 
+    def replica_label(self, r: int) -> dict[str, Any]:
+        """Replica ``r``'s label (``{}`` without labels)."""
+        return dict(self.labels[r]) if self.labels else {}
+
     def points(self) -> list[Point]:
-        """The hyper-parameter points of the run: replicas grouped by all their hyper-parameter values (so by seed
-        within a point), in first-seen order; each point is named by its swept values."""
+        """The hyper-parameter points of the run: replicas grouped by their label and all their hyper-parameter
+        values (so by seed within a point), in first-seen order; each point is named by its label and swept
+        values."""
         swept = self.swept
         groups: dict[tuple, list[int]] = {}
         for r, h in enumerate(self.hparams):
-            groups.setdefault(tuple(sorted(h.items())), []).append(r)
+            key = (tuple(sorted(self.replica_label(r).items(), key=lambda kv: kv[0])), tuple(sorted(h.items())))
+            groups.setdefault(key, []).append(r)
         return [Point(i, dict(self.hparams[rs[0]]), {k: self.hparams[rs[0]][k] for k in swept}, tuple(rs),
-                      tuple(int(self.seeds[r]) for r in rs)) for i, rs in enumerate(groups.values())]
+                      tuple(int(self.seeds[r]) for r in rs), self.replica_label(rs[0]))
+                for i, rs in enumerate(groups.values())]
 
     def point_index(self) -> np.ndarray:
         """int [R]: the point (index into :meth:`points`) of each replica."""
@@ -229,7 +237,8 @@ class History:
         out = []
         for p, final, best in zip(self.points(), self.point_stats(metric, "final"), self.point_stats(metric, "best")):
             out.append({
-                "point": p.index, "name": p.name, "hparams": p.hparams, "swept": p.swept,
+                "point": p.index, "name": p.name, **({"label": p.label} if self.labels else {}),
+                "hparams": p.hparams, "swept": p.swept,
                 "replicas": list(p.replicas), "seeds": list(p.seeds), "metric": metric,
                 "final": {"mean": final.mean, "std": final.std, "n": final.n},
                 "best": {"mean": best.mean, "std": best.std, "n": best.n},
@@ -238,13 +247,14 @@ class History:
         return out
 
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per (replica, evaluation): the rows of ``metrics.csv`` (run, algorithm, replica, seed, swept
-        values, point, step, time, uploads, every metric, diverged_at)."""
+        """One dict per (replica, evaluation): the rows of ``metrics.csv`` (run, algorithm, replica, seed, the label's
+        keys, swept values, point, step, time, uploads, every metric, diverged_at)."""
         out = []
         swept, points = self.swept, self.point_index()
         for r in range(self.num_replicas):
             for e, step in enumerate(self.steps):
-                row = {"run": self.label, "algorithm": self.algorithm, "replica": r, "seed": self.seeds[r]}
+                row = {"run": self.label, "algorithm": self.algorithm, "replica": r, "seed": self.seeds[r],
+                       **self.replica_label(r)}
                 row.update({k: self.hparams[r][k] for k in swept})
                 row.update({"point": int(points[r]), "step": int(step), "time": float(self.times[r, e]),
                             "uploads": int(self.uploads[r, e])})
@@ -275,7 +285,8 @@ class History:
             "steps_done": int(self.steps[-1]),
             "stopped_early": self.stopped_early,
             "metric": metric,
-            "replicas": [{"seed": s, "hparams": h} for s, h in zip(self.seeds, self.hparams)],
+            "replicas": [{"seed": s, "hparams": h, **({"label": self.replica_label(r)} if self.labels else {})}
+                         for r, (s, h) in enumerate(zip(self.seeds, self.hparams))],
             **{f"final_{m}": _floats(self.final(m)) for m in self.metrics},
             f"best_{metric}": _floats(self.best(metric)),
             "points": self.point_summaries(metric),

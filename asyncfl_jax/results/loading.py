@@ -61,7 +61,8 @@ def _history_from_files(entry: dict[str, Any], rows: list[dict[str, str]], path:
     name = entry["run"]
     seeds = [int(r["seed"]) for r in entry["replicas"]]
     hparams = [dict(r["hparams"]) for r in entry["replicas"]]
-    swept = set(swept_names(hparams))
+    labels = [dict(r["label"]) for r in entry["replicas"]] if any("label" in r for r in entry["replicas"]) else None
+    swept = set(swept_names(hparams)) | {k for label in labels or [] for k in label}
     by_replica: dict[int, list[dict[str, str]]] = {}
     for row in rows:
         by_replica.setdefault(int(row["replica"]), []).append(row)
@@ -80,7 +81,7 @@ def _history_from_files(entry: dict[str, Any], rows: list[dict[str, str]], path:
     return History(
         label=name, algorithm=entry["algorithm"], algorithm_options=entry["algorithm_options"],
         steps=np.asarray(steps, dtype=np.int64), times=table("time", np.float64), uploads=table("uploads", np.int64),
-        metrics={m: table(m, np.float64) for m in metric_names}, seeds=seeds, hparams=hparams,
+        metrics={m: table(m, np.float64) for m in metric_names}, seeds=seeds, hparams=hparams, labels=labels,
         diverged_at=np.asarray(entry["diverged_at"], dtype=np.int64), schedule_stats=entry["schedule"],
         num_steps=int(entry["num_steps"]), stopped_early=bool(entry["stopped_early"]),
         cost=RunCost(compile_seconds=float(entry["compile_seconds"]), run_seconds=float(entry["run_seconds"]),
@@ -99,6 +100,7 @@ def _same_values(saved: History, rebuilt: History) -> bool:
                                                              equal_nan=True)
 
     return (saved.label == rebuilt.label and saved.seeds == rebuilt.seeds and saved.hparams == rebuilt.hparams
+            and saved.labels == rebuilt.labels
             and set(saved.metrics) == set(rebuilt.metrics) and equal(saved.steps, rebuilt.steps)
             and equal(saved.times, rebuilt.times) and equal(saved.uploads, rebuilt.uploads)
             and equal(saved.diverged_at, rebuilt.diverged_at)

@@ -5,7 +5,7 @@ value form a point (:class:`Point`); a point's final or best metric is summarise
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -39,6 +39,12 @@ def point_name(swept: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in swept.items())
 
 
+def label_name(label: dict[str, Any]) -> str:
+    """``delays=lognormal, P=0.5`` of a replica's label (a string label, key ``setting``, by itself)."""
+    return ", ".join(str(v) if k == "setting" else f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in label.items())
+
+
 @dataclasses.dataclass(frozen=True)
 class Point:
     """One hyper-parameter point of a run: the replicas that share every hyper-parameter value (they differ by seed).
@@ -47,6 +53,7 @@ class Point:
       index: position among the run's points (first-seen order of the replicas).
       hparams: every hyper-parameter value of the point; ``swept``: those that differ between the run's points.
       replicas: indices of its replicas (into ``History.seeds``); ``seeds``: their seeds, in the same order.
+      label: the label its replicas share (explicit replicas, ``History.labels``); ``{}`` without labels.
     """
 
     index: int
@@ -54,11 +61,13 @@ class Point:
     swept: dict[str, float]
     replicas: tuple[int, ...]
     seeds: tuple[int, ...]
+    label: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
-        """``alpha=0.3, server_lr=1`` (the swept values); ``""`` when the run sweeps nothing."""
-        return point_name(self.swept)
+        """``alpha=0.3, server_lr=1`` (the swept values), after the label's values (``delays=lognormal``; a string
+        label by itself); ``""`` when the run sweeps nothing and has no labels."""
+        return ", ".join(filter(None, [label_name(self.label), point_name(self.swept)]))
 
 
 @dataclasses.dataclass(frozen=True)
