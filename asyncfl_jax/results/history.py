@@ -127,7 +127,7 @@ class History:
     def flat_fields(self) -> dict[str, Any]:
         """Every field in the first (flat) layout, in its order: the core fields and each record's parts under their
         old names (what the History file holds, :func:`~asyncfl_jax.results.history_files.save_history`)."""
-        return {**{name: getattr(self, name) for name in FIRST_LAYOUT}, "labels": self.labels}
+        return {name: getattr(self, name) for name in FIRST_LAYOUT}
 
     @property
     def num_replicas(self) -> int:

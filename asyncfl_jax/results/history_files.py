@@ -44,6 +44,8 @@ def save_history(history: History, directory: str, meta: Any = None) -> list[str
             arrays.update({f"dict__{name}__{k}": v for k, v in value.items()})
         else:
             fields[name] = value
+    if history.labels is not None:  # explicit replicas' labels; a History without them keeps the first layout
+        fields["labels"] = history.labels
     npz = os.path.join(directory, "history.npz")
     with atomic.atomic_file(npz) as fh:
         np.savez(fh, **arrays)
