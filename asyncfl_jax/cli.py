@@ -663,9 +663,12 @@ def _timeout(args: argparse.Namespace) -> float:
 def _supervised_run(args: argparse.Namespace, argv: Sequence[str] | None) -> int | None:
     """Runs a multi-process ``asyncfl run`` as a supervised child (:mod:`asyncfl_jax.supervise`) and returns its exit
     code; None when this process runs the command itself (one process, or already the supervised child)."""
-    from asyncfl_jax.supervise import ENV_SUPERVISED, run_supervised, who
+    from asyncfl_jax.supervise import ENV_SUPERVISED, die_with_supervisor, run_supervised, who
 
-    if args.command != "run" or os.environ.get(ENV_SUPERVISED) == "1" or getattr(args, "print_config", False):
+    if os.environ.get(ENV_SUPERVISED):  # the supervised child: it dies with its supervisor
+        die_with_supervisor()
+        return None
+    if args.command != "run" or getattr(args, "print_config", False):
         return None
     coordinator, num_processes, process_id = _launch(args)
     if not (getattr(args, "cluster", False) or (coordinator is not None and (num_processes or 0) > 1)):

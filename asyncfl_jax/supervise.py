@@ -18,9 +18,9 @@ So the ``asyncfl`` command of a multi-process run runs itself as a child process
 (:func:`run_supervised`): the supervisor passes the child's output through, holds back the runtime's fatal report
 and its stack trace, and when the child ends by that abort prints one message naming this process, the coordinator,
 the runtime's reason and what to do, and exits with code 2. Signals (SIGINT, SIGTERM) sent to the supervisor are
-passed on to the child once (it runs in a process group of its own, so a terminal's Ctrl-C reaches it only through
-the supervisor); the kernel kills the child (SIGKILL) if the supervisor dies (``PR_SET_PDEATHSIG``), so no
-process is left behind.
+passed on to the child once (it runs in a session of its own, so a terminal's Ctrl-C reaches it only through the
+supervisor); the kernel kills the child (SIGKILL) if the supervisor dies (``PR_SET_PDEATHSIG``, requested by the
+child itself first thing: :func:`die_with_supervisor`), so no process is left behind.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import threading
 from typing import IO, Sequence
 
 ENV_SUPERVISED = "ASYNCFL_SUPERVISED"
-"""Set to ``1`` in the supervised child (which then runs the command itself)."""
+"""Set to the supervisor's pid in the supervised child (which then runs the command itself)."""
 
 FATAL_MARK = "Terminating process because the JAX distributed service detected fatal errors"
 """The first line of the XLA runtime's fatal report (``xla/pjrt/distributed/client.h``)."""
@@ -115,14 +115,22 @@ def _relay(stream: IO[str], out: IO[str], report: list[str]) -> None:
         out.flush()
 
 
-def _child_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
-    os.setpgid(0, 0)
+def die_with_supervisor() -> None:
+    """In the supervised child (``ASYNCFL_SUPERVISED`` holds the supervisor's pid): asks the kernel to kill this
+    process when the supervisor dies (``PR_SET_PDEATHSIG``, Linux), and ends at once if it died already. Called
+    first thing by the command, so that nothing runs between ``fork`` and ``exec`` in the supervisor (which has
+    imported JAX)."""
+    supervisor = os.environ.pop(ENV_SUPERVISED, "")  # not inherited by the processes this one may start
+    if not supervisor.isdigit():
+        return
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - not Linux: the supervisor still forwards its signals
-        pass
+    except Exception:  # noqa: BLE001 - not Linux: the supervisor still passes its signals on
+        return
+    if os.getppid() != int(supervisor):  # the supervisor died before the request took effect
+        os._exit(128 + int(signal.SIGKILL))
 
 
 def run_supervised(argv: Sequence[str], where: str, timeout: float, out: str | None,
@@ -130,10 +138,10 @@ def run_supervised(argv: Sequence[str], where: str, timeout: float, out: str | N
     """Runs ``python -m asyncfl_jax.cli argv`` (or ``command``) as a child (see the module docstring); returns the
     exit code: the child's, ``128 + N`` for a child ended by signal N, or 2 (with a message naming ``where``) for the
     runtime's fatal error."""
-    env = dict(os.environ, **{ENV_SUPERVISED: "1"})
+    env = dict(os.environ, **{ENV_SUPERVISED: str(os.getpid())})
     command = [sys.executable, "-m", "asyncfl_jax.cli", *argv] if command is None else list(command)
-    child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE,
-                             text=True, errors="replace", preexec_fn=_child_setup)
+    child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
+                             start_new_session=True)  # its own process group: a terminal's Ctrl-C comes through here
     report: list[str] = []
     relay = threading.Thread(target=_relay, args=(child.stderr, sys.stderr, report), daemon=True)
     relay.start()

@@ -271,3 +271,16 @@ def test_a_collective_that_fails_for_a_lost_peer_is_exit_2_naming_the_process(mo
     assert cli._lost_peer  # the command then leaves without JAX's shutdown barrier (which would abort)
     monkeypatch.setattr(jax, "process_count", lambda: 1)  # one process: no peer to lose, the usual internal error
     assert cli._report(error, args, debug=False) == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_supervised_child_whose_supervisor_is_gone_ends_at_once():
+    """The child asks the kernel to be killed with its supervisor; one whose supervisor died before it asked (its
+    parent is another process) ends at once instead of running on as an orphan."""
+    script = "from asyncfl_jax.supervise import die_with_supervisor\ndie_with_supervisor()\nprint('ran on')"
+    orphan = subprocess.run([sys.executable, "-c", script], env={**ENV, "ASYNCFL_SUPERVISED": "1"},
+                            capture_output=True, text=True, timeout=60)
+    assert orphan.returncode == 128 + signal.SIGKILL and "ran on" not in orphan.stdout
+    adopted = subprocess.run([sys.executable, "-c", script], env={**ENV, "ASYNCFL_SUPERVISED": str(os.getpid())},
+                             capture_output=True, text=True, timeout=60)
+    assert adopted.returncode == 0 and "ran on" in adopted.stdout
