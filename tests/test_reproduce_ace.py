@@ -197,10 +197,17 @@ def test_quick_cpu_run_writes_the_figures_and_the_table_beside_table_a2(tmp_path
            "--out", str(out)]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(os.listdir(out)) == ["accuracy.png", "accuracy_steps.png", "dropout.png", "results.json",
-                                       "table.md"]
+    assert sorted(os.listdir(out)) == ["accuracy.png", "accuracy_steps.png", "claims_a0.3_b30.png",
+                                       "claims_a0.3_b5.png", "dropout.png", "results.json", "table.md"]
     table = (out / "table.md").read_text()
     assert table in proc.stdout
+    # the verdict tables: every claim at the three equal budgets, with the fastest clients' share of the uploads
+    assert "**Verdicts, Dir(α=0.3), β=30, seeds [0]**" in table and "share of uploads made by the fastest 20%" in \
+        table.lower()
+    verdicts = json.loads((out / "results.json").read_text())["verdicts"]["0.3/30"]
+    assert {(v["claim"], v["budget"]) for v in verdicts} == {(c[0], b) for c in ace.CLAIMS for b in (
+        "equal uploads", "equal virtual time", "equal local computation")}
+    assert {v["outcome"] for v in verdicts} <= {"one seed", "diverged"}  # one seed: never a win
     for label in ace.LABELS.values():
         assert f"| {label}" in table
     assert "63.7 ± 1.7" in table and "49.3 ± 2.8" in table  # Tab. a.2's ACE and Vanilla ASGD, DistilBERT alpha 0.1

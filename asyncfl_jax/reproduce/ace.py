@@ -96,6 +96,8 @@ from asyncfl_jax.reproduce.curves import final_value, mean_on_grid
 from asyncfl_jax.reproduce.data import CIFAR_STATS, DATASET_TITLES, DataUnavailable, load_dataset, standardize_channels
 from asyncfl_jax.reproduce.report import (distinct_seeds_problem, log_program, parse_checked, pyplot, save_png,
                                           table_row, write_outputs, yes_no)
+from asyncfl_jax.reproduce.verdicts import (claim_verdicts, participation_line, plot_methods, schedule_fastest_share,
+                                            verdict_json, verdict_lines)
 from asyncfl_jax.timing import DelayModel, pad_to_common_widths, schedule_summary
 
 METHODS = ("ace", "aced", "fedbuff", "ca2fl", "da_asgd", "vanilla_asgd")
@@ -515,6 +517,7 @@ def program_records(history: History, settings: list[dict], schedules: list[Sche
             **setting, "method": name, **({"tau": float(extra["tau_algo"])} if "tau_algo" in extra else {}),
             "server_lr": float(rhp["server_lr"]), "steps": history.steps.tolist(),
             "times": history.times[r].tolist(), "uploads": history.uploads[r].tolist(),
+            "local_steps": None if history.local_steps is None else history.local_steps[r].tolist(),
             "test_accuracy": history.metrics["test_accuracy"][r].tolist(),
             "train_loss": history.metrics["train_loss"][r].tolist(),
             "diverged_at": int(history.diverged_at[r]), "schedule": stats,
@@ -834,6 +837,53 @@ def _where(settings: list[tuple[float, float]]) -> str:
     return (": " + ", ".join(f"α={a:g} β={b:g}" for a, b in settings)) if settings else ""
 
 
+# ------------------------------------------------------------------------------------------------ verdicts
+# The paper's claims checked in every (alpha, beta) setting: (claim, method, baseline, the paper's numbers: Tab. a.2,
+# DistilBERT, alpha 0.1, beta 5, %).
+CLAIMS = (("ACE above FedBuff", "ace", "fedbuff", "63.7 vs 55.7"),
+          ("ACE above CA2FL", "ace", "ca2fl", "63.7 vs 61.6"),
+          ("ACE above Vanilla ASGD", "ace", "vanilla_asgd", "63.7 vs 49.3"),
+          ("ACED above FedBuff", "aced", "fedbuff", "63.1 vs 55.7"),
+          ("CA2FL above FedBuff", "ca2fl", "fedbuff", "61.6 vs 55.7"))
+
+
+def setting_verdicts(selected: list[dict], args: argparse.Namespace) -> dict[tuple[float, float], list]:
+    """Per (alpha, beta): the verdicts on :data:`CLAIMS` (the selected step sizes' runs) at equal uploads, virtual
+    time and local computation (one gradient per upload for every method here, so uploads and local steps agree)."""
+    out = {}
+    for a in args.alphas:
+        for b in args.betas:
+            runs = {m: [r for r in selected if (r["method"], r["alpha"], r["beta"]) == (m, a, b)] for m in METHODS}
+            out[(a, b)] = claim_verdicts(runs, CLAIMS, y="test_accuracy")
+    return out
+
+
+def verdict_section(verdicts: dict[tuple[float, float], list], stats: dict, args: argparse.Namespace) -> list[str]:
+    """The verdict tables, one per setting, each with the share of uploads of the fastest 20% of the clients."""
+    lines = []
+    for (a, b), vs in verdicts.items():
+        s = stats.get(b, {})
+        lines += ["", *verdict_lines(vs, f"Verdicts, Dir(α={a:g}), β={b:g}, seeds {args.seeds}")]
+        if "fastest_share_ace" in s:
+            lines.append(participation_line({"ACE/ACED (every client training)": s["fastest_share_ace"],
+                                             f"FedBuff/CA2FL (Mc = {args.concurrency})": s["fastest_share_fedbuff"]}))
+    return lines
+
+
+def plot_verdict_figures(selected: list[dict], args: argparse.Namespace, model_title: str) -> list[str]:
+    """``claims_a{alpha}_b{beta}.png``: the paper-style figure of each setting (one line per method, band over
+    seeds, against uploads, virtual time and local steps)."""
+    written = []
+    for a in args.alphas:
+        for b in args.betas:
+            runs = {m: [r for r in selected if (r["method"], r["alpha"], r["beta"]) == (m, a, b)] for m in METHODS}
+            name = f"claims_a{a:g}_b{b:g}.png"
+            plot_methods(runs, os.path.join(args.out, name), f"{model_title}, n = {args.clients}, Dir({a:g}), "
+                         f"client speeds Exp(β = {b:g}), selected step sizes", y="test_accuracy", labels=LABELS)
+            written.append(name)
+    return written
+
+
 # ------------------------------------------------------------------------------------------------ table
 def _cell(row: dict | None, digits: int = 4) -> str:
     """A final accuracy as ``mean ± 2 SE`` (and ``(k/n)`` when only k of n seeds stayed finite)."""
@@ -941,13 +991,15 @@ def schedule_lines(setting_stats: dict, args: argparse.Namespace) -> list[str]:
     lines = ["", "**Schedules** (per β, mean over seeds; all-clients-active schedule of ACE: uploads per client "
                  "and staleness in server steps)", "",
              "| β | participation CV | clients with <= 1 upload | max / median uploads | mean staleness (ACE) | "
-             "mean staleness (FedBuff, flushes) | virtual time (ACE) |", "|---|---|---|---|---|---|---|"]
+             "mean staleness (FedBuff, flushes) | virtual time (ACE) | uploads of the fastest 20% (ACE / FedBuff) |",
+             "|---|---|---|---|---|---|---|---|"]
     for b in args.betas:
         s = setting_stats.get(b)
         if s:
             lines.append(f"| {b:g} | {s['participation_cv']:.2f} | {s['share_at_most_one_upload']:.0%} | "
                          f"{s['max_over_median_uploads']:.1f} | {s['staleness_ace']} | {s['staleness_fedbuff']} | "
-                         f"{s['virtual_time']:.1f} |")
+                         f"{s['virtual_time']:.1f} | {s['fastest_share_ace']:.0%} / "
+                         f"{s['fastest_share_fedbuff']:.0%} |")
     return lines
 
 
@@ -1082,6 +1134,10 @@ def setting_statistics(args: argparse.Namespace) -> dict:
         buf = [participation_stats(make_method_schedule(args, "fedbuff", b, s)) for s in args.seeds]
         out[b] = {k: float(np.mean([x[k] for x in ace])) for k in ("participation_cv", "share_at_most_one_upload",
                                                                       "max_over_median_uploads", "virtual_time")}
+        out[b]["fastest_share_ace"] = float(np.mean([schedule_fastest_share(
+            make_method_schedule(args, "ace", b, s), delay_model(args, b), s) for s in args.seeds]))
+        out[b]["fastest_share_fedbuff"] = float(np.mean([schedule_fastest_share(
+            make_method_schedule(args, "fedbuff", b, s), delay_model(args, b), s) for s in args.seeds]))
         out[b]["staleness_ace"] = f"{np.mean([x['staleness_mean'] for x in ace]):.1f}"
         out[b]["staleness_fedbuff"] = f"{np.mean([x['staleness_mean'] for x in buf]):.2f}"
     return out
@@ -1108,8 +1164,11 @@ def main(argv: list[str] | None = None) -> int:
                     else DATASET_TITLES[args.dataset])
     table = format_table(result["main"], result["dropout"], result["ablation"], result["checks"], result["stats"],
                          args, dataset_name, next(iter(tasks.values())).num_params, result["grid"])
+    verdicts = setting_verdicts(result["runs"], args)
+    table += "\n".join(verdict_section(verdicts, result["stats"], args)) + "\n"
     table += f"\nWall time: {seconds} s.\n"
     write_outputs(args.out, table, {
+        "verdicts": {f"{a:g}/{b:g}": [verdict_json(v) for v in vs] for (a, b), vs in verdicts.items()},
         "args": {k: v for k, v in vars(args).items()},
         "grids": {m: lr_grid(args, m) for m in METHODS},
         "main": result["main"], "grid": result["grid"], "dropout": result["dropout"], "ablation": result["ablation"],
@@ -1120,6 +1179,7 @@ def main(argv: list[str] | None = None) -> int:
     }, indent=1, default=float)
     if result["runs"]:
         plot_main(result["runs"], args)
+        plot_verdict_figures(result["runs"], args, f"{dataset_name} {args.model}")
     if result["dropout"]:
         plot_dropout(result["dropout"], result["ablation"], result["dropout_runs"], args)
     print(table)

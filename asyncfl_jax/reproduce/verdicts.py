@@ -44,6 +44,8 @@ FLAT_TOLERANCE = 0.005
 """... namely by at most half a point of accuracy (the least-squares rise across that window)."""
 FASTEST_FRACTION = 0.2
 """The participation skew is the share of uploads made by this fraction of the fastest clients."""
+FIGURE_DPI = 90
+"""Resolution of the verdict figures (a three-panel PNG of about 100 KB, small enough for the docs)."""
 BUDGET_AXES = {"uploads": "equal uploads", "times": "equal virtual time", "local_steps": "equal local computation"}
 """Record keys of the axes a comparison can be made at, with their names in the tables."""
 
@@ -247,3 +249,49 @@ def verdict_json(v: Verdict) -> dict[str, Any]:
             "gap": num(v.gap), "spread": num(v.spread), "gap_in_spread": num(v.gap_in_spread), "seeds": v.seeds,
             "direction_holds": v.direction_holds, "outcome": v.outcome, "needs_more_seeds": v.needs_more_seeds,
             "flattened": v.flattened, "paper": v.paper}
+
+
+# ------------------------------------------------------------------------------------------------ several claims
+def claim_verdicts(runs: Mapping[str, Sequence[Mapping[str, Any]]], claims: Sequence[tuple[str, str, str, str]],
+                   y: str = "accuracy", axes: Sequence[str] = tuple(BUDGET_AXES)) -> list[Verdict]:
+    """The verdicts of ``claims`` (``(claim text, method, baseline, the paper's numbers)``) on the runs of each
+    method (``runs[method]``: one record per seed), at every equal budget of ``axes`` that every record of the two
+    methods has; a claim whose method or baseline did not run is left out."""
+    out = []
+    for text, method, baseline, paper in claims:
+        mine, theirs = runs.get(method) or [], runs.get(baseline) or []
+        if not mine or not theirs:
+            continue
+        for axis in axes:
+            if all(axis in r and r[axis] is not None for r in (*mine, *theirs)):
+                out.append(compare(text, mine, theirs, axis=axis, y=y, paper=paper))
+    return out
+
+
+def plot_methods(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: str, title: str, y: str = "accuracy",
+                 labels: Mapping[str, str] | None = None) -> str:
+    """The paper-style figure of a setting (:func:`asyncfl_jax.figures.draw_curves`, as ``asyncfl plot``): one line
+    per method with a min-max band over its seeds, against uploads, virtual time and local steps (the axes every
+    record has: ``uploads``, ``times``, ``local_steps``), the y-axis fitted to the data; written as a PNG at
+    ``path``, which is returned."""
+    from asyncfl_jax.figures import draw_curves, save_figure_files, seed_curve
+    from asyncfl_jax.reproduce.report import pyplot
+
+    keys = {"uploads": "uploads", "time": "times", "local_steps": "local_steps"}
+    curves = []
+    for method, recs in runs.items():
+        if not recs:
+            continue
+        present = {axis: key for axis, key in keys.items() if all(r.get(key) is not None for r in recs)}
+        curves.append(seed_curve((labels or {}).get(method, method), recs, y=y, axes=present))
+    pyplot()  # the non-interactive backend
+    fig = draw_curves(curves, None, axes=[a for a in keys if any(a in c for c in curves)], title=title)
+    save_figure_files(fig, path, dpi=FIGURE_DPI)
+    return path
+
+
+def participation_line(shares: Mapping[str, float], fraction: float = FASTEST_FRACTION) -> str:
+    """A sentence giving the share of uploads of the fastest clients per protocol (``{name: share}``)."""
+    parts = ", ".join(f"{name} {share:.0%}" for name, share in shares.items())
+    return (f"Share of uploads made by the fastest {fraction:.0%} of the clients (uniform participation: "
+            f"{fraction:.0%}): {parts}.")
