@@ -23,12 +23,17 @@ from support import ROOT, script_env
 # ------------------------------------------------------------------------------------------------ budget, step sizes
 def test_cpu_defaults_give_every_method_the_same_uploads():
     args = ace.parse_args([])
-    assert (args.clients, args.alphas, args.betas, args.budget) == (100, [0.1, 0.3], [5.0, 30.0], "uploads")
+    assert (args.clients, args.alphas, args.betas, args.budget) == (100, [0.1], [30.0], "uploads")
+    assert (args.model, args.seeds, args.skip_dropout) == ("mlp", [0, 1, 2, 3, 4], True)
     assert args.concurrency == args.asgd_concurrency == 100  # everyone always training
     assert {m: ace.server_steps(args, m) for m in ace.METHODS} == {
-        "ace": 10000, "aced": 10000, "fedbuff": 1000, "ca2fl": 1000, "da_asgd": 10000, "vanilla_asgd": 10000}
-    assert ace.lr_grid(args, "fedbuff") == ace.CPU_GRIDS["fedbuff"] and len(ace.lr_grid(args, "ace")) == 4
-    assert ace.lr_grid(ace.parse_args(["--no-tune"]), "ace") == [0.003]
+        "ace": 2000, "aced": 2000, "fedbuff": 200, "ca2fl": 200, "da_asgd": 2000, "vanilla_asgd": 2000}
+    # the step sizes the documented sweep chose, each inside its grid; --tune sweeps the grid again
+    assert {m: ace.lr_grid(args, m) for m in ace.METHODS} == {m: [v] for m, v in ace.CPU_DEFAULT_LR.items()}
+    assert all(min(ace.CPU_GRIDS[m]) < v < max(ace.CPU_GRIDS[m]) for m, v in ace.CPU_DEFAULT_LR.items())
+    tuned = ace.parse_args(["--tune"])
+    assert ace.lr_grid(tuned, "fedbuff") == ace.CPU_GRIDS["fedbuff"] and len(ace.lr_grid(tuned, "ace")) == 4
+    assert not ace.parse_args(["--no-skip-dropout"]).skip_dropout
     assert ace.lr_grid(ace.parse_args(["--lr", "ace=0.5,0.7"]), "ace") == [0.5, 0.7]
     assert ace.parse_args(["--dropout-fractions", "0.5", "0.2"]).dropout_fractions == [0.0, 0.2, 0.5]
 
