@@ -46,15 +46,19 @@ Two experiments:
 Scales (``--scale``):
 
 * ``cpu`` (default): Fashion-MNIST (IDX files; ``--dataset synthetic`` uses LEAF Synthetic(1, 1) pooled and
-  re-split instead), multinomial logistic regression (``--model mlp`` for a 200-200 MLP), n = 100 clients, Dirichlet
-  alpha in {0.1, 0.3} x beta in {5, 30}, seeds 0 and 1, batch 50, **every client always training** (FedBuff and CA2FL
-  at concurrency n with buffer 10, the ASGDs at concurrency n) and **the same number of client uploads for every
-  method** (``--uploads``, 10,000: 10,000 server steps of ACE/ACED/ASGD, 1,000 of FedBuff/CA2FL; ACE and ACED also
-  upload n gradients in their initialization round at x0, which takes no virtual time). Every method's server step
-  size is chosen on a small grid (a vmapped sweep), by the lowest final training loss (the global objective
-  F = (1/n) sum F_i on a fixed 5,000-example sample of the clients' data), so the test set never chooses; the grids are
-  in ``CPU_GRIDS``. The dropout study keeps, for every fraction, each method's step size selected at 0% dropout
-  (the main comparison's at that (alpha, beta) when it ran the method with the same hyper-parameters).
+  re-split instead), the MLP 784-200-200-10 (non-convex, as the paper's models; ``--model logreg`` for the earlier
+  convex setting), n = 100 clients, a Dirichlet(0.1) split and strongly skewed client speeds (beta = 30: the fastest
+  20% of the clients make about two thirds of the uploads), seeds 0-4, batch 50, **every client always training**
+  (FedBuff and CA2FL at concurrency n with buffer 10, the ASGDs at concurrency n) and **the same number of client
+  uploads for every method** (``--uploads``, 2,000: 2,000 server steps of ACE/ACED/ASGD, 200 of FedBuff/CA2FL; ACE
+  and ACED also upload n gradients in their initialization round at x0, which takes no virtual time). Every upload
+  is one minibatch gradient, so equal uploads are equal local computation too. Each method's server step size is
+  ``CPU_DEFAULT_LR``, chosen by a sweep over ``CPU_GRIDS`` on seed 0 (``--tune`` repeats it: a vmapped sweep per
+  method, the lowest final training loss, the global objective F = (1/n) sum F_i on a fixed 5,000-example sample of
+  the clients' data, so the test set never chooses). The dropout study runs with ``--no-skip-dropout``; it keeps, for
+  every fraction, each method's step size selected at 0% dropout (the main comparison's at that (alpha, beta) when it
+  ran the method with the same hyper-parameters). ``table.md`` ends with a verdict table per setting
+  (:mod:`asyncfl_jax.reproduce.verdicts`) and the share of uploads of the fastest 20% of the clients.
 * ``paper``: CIFAR-10 (``--dataset cifar100``: CIFAR-100, alpha in {0.1, 0.3, 1, 10} x beta in {1, 5, 20, 30}, as
   Fig. a.2) through TensorFlow Datasets, ResNet-18 with GroupNorm (``resnet18_gn``), n = 100, T = 500 server
   iterations for every method (the paper's x-axis: FedBuff/CA2FL then use 10x the uploads), 5 seeds, Tab. a.4: eta =
@@ -171,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``scripts/reproduce_ace.py``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", choices=list(SCALES), default="cpu",
-                   help="cpu: Fashion-MNIST logistic regression, equal uploads, tuned step sizes (default); paper: "
+                   help="cpu: Fashion-MNIST MLP, Dir(0.1), skewed speeds, equal uploads, swept step sizes (default); paper: "
                         "CIFAR-10/100 ResNet-18, T = 500 server iterations, Tab. a.4's hyper-parameters")
     p.add_argument("--quick", action="store_true",
                    help="a smoke-sized run: 20 clients, 400 uploads (60 steps at paper scale), alpha 0.1, one seed, "
