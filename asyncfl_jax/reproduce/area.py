@@ -91,8 +91,10 @@ from asyncfl_jax import LocalConfig, Schedule, Task, get_algorithm, make_model, 
 from asyncfl_jax.algorithms import skip_empty_steps
 from asyncfl_jax.data import partition
 from asyncfl_jax.reproduce.curves import first_passage, mean_on_grid, value_on_grid
-from asyncfl_jax.reproduce.data import DataUnavailable, load_dataset
+from asyncfl_jax.reproduce.data import DATASET_TITLES, DataUnavailable, load_dataset
 from asyncfl_jax.reproduce.report import log_program, pyplot, save_png, write_outputs, yes_no
+from asyncfl_jax.reproduce.verdicts import (claim_verdicts, participation_line, plot_methods, schedule_fastest_share,
+                                            verdict_json, verdict_lines)
 from asyncfl_jax.timing import (PoissonRates, build_past, client_rates, concurrent, cut_at_horizon,
                                 pad_to_common_widths, poisson_delays, rates_info, steps_within, synchronous)
 
@@ -338,6 +340,9 @@ def run_method(task: Task, method: str, setting_name: str, setting: dict, args: 
             "rate_std": args.rate_stds[j], "trial": s, "training_seed": seed,
             "times": times.tolist(), "accuracy": history.metrics["test_accuracy"][r].tolist(),
             "train_ce": history.metrics["train_loss"][r].tolist(),
+            "upload_curve": history.uploads[r].tolist(),
+            "local_step_curve": None if history.local_steps is None else history.local_steps[r].tolist(),
+            "fastest_share": schedule_fastest_share(sched, levels[j], s),
             "final_accuracy": float(history.metrics["test_accuracy"][r, -1]), "final_loss": float(final_loss[r]),
             "diverged_at": int(history.diverged_at[r]), "uploads": int(real.sum()),
             "server_steps": int(real.any(axis=1).sum()), "staleness_mean": float(sched.staleness[real].mean())
@@ -580,6 +585,58 @@ def format_tables(rows: list[dict], args: argparse.Namespace, seconds: float) ->
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------------ verdicts
+CLAIMS = (("AREA above FedBuff", "AREA", "FedBuff"), ("AREA above AS-FedAvg", "AREA", "AS-FedAvg"),
+          ("AREA above S-FedAvg", "AREA", "S-FedAvg"))
+"""The paper's claims with a direction (Tables 3-10): AREA's accuracy at t_h above each baseline's."""
+
+
+def best_alpha_runs(records: list[dict], rows: list[dict], setting: str, std: float) -> dict[str, list[dict]]:
+    """Per method, the trials at its best alpha (the rows marked ``best``) as curves over virtual time, uploads and
+    local steps (``times``, ``uploads``, ``local_steps``, ``accuracy``)."""
+    best = {r["method"]: r["alpha"] for r in rows if r["setting"] == setting and r["rate_std"] == std and r["best"]}
+    return {m: [{"times": r["times"], "uploads": r["upload_curve"], "local_steps": r["local_step_curve"],
+                 "accuracy": r["accuracy"]} for r in records
+                if (r["setting"], r["rate_std"], r["method"], r["alpha"]) == (setting, std, m, a)]
+            for m, a in best.items()}
+
+
+def setting_verdicts(records: list[dict], rows: list[dict], args: argparse.Namespace) -> dict[str, list]:
+    """Per setting and rate level: the verdicts on :data:`CLAIMS`, each method at its best alpha, at equal virtual
+    time (the paper's axis: the horizon t_h), equal uploads and equal local computation."""
+    out = {}
+    for setting in args.settings:
+        for std in args.rate_stds:
+            claims = [(text, m, b, paper_claim_text(setting, args.split, std, m, b)) for text, m, b in CLAIMS]
+            out[f"{setting}, rate sd {std:g}"] = claim_verdicts(best_alpha_runs(records, rows, setting, std), claims)
+    return out
+
+
+def paper_claim_text(setting: str, split: str, std: float, method: str, baseline: str) -> str:
+    """The paper's best printed accuracies of the two methods at this level (MNIST), or ``-``."""
+    table = SETTINGS[setting]["tables"][split]
+    best = {m: max((row["acc"] for row in PAPER.get((table, m, std), {}).values()), default=None)
+            for m in (method, baseline)}
+    if None in best.values():
+        return "-"
+    return f"{best[method]:.2f} vs {best[baseline]:.2f} (Table {table}, MNIST, best alpha)"
+
+
+def verdict_section(records: list[dict], verdicts: dict[str, list], args: argparse.Namespace) -> list[str]:
+    """The verdict tables, each with the share of uploads of the fastest 20% of the clients (AREA's schedules)."""
+    lines = []
+    for setting in args.settings:
+        for std in args.rate_stds:
+            key = f"{setting}, rate sd {std:g}"
+            shares = [r["fastest_share"] for r in records if (r["setting"], r["rate_std"], r["method"]) ==
+                      (setting, std, "AREA")]
+            lines += verdict_lines(verdicts.get(key, []), f"Verdicts, {key}, trials {args.trials}")
+            if shares:
+                lines += [participation_line({"AREA / FedBuff / AS-FedAvg (every client training)":
+                                              float(np.mean(shares))}), ""]
+    return lines
+
+
 # ------------------------------------------------------------------------------------------------ figures
 def plot(records: list[dict], rows: list[dict], args: argparse.Namespace) -> list[str]:
     """``curves_<setting>.png`` (accuracy and training loss against virtual time, each method at its best alpha) and,
@@ -739,12 +796,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(records, args)
     seconds = time.perf_counter() - started
     table = format_tables(rows, args, seconds)
+    verdicts = setting_verdicts(records, rows, args)
+    table += "\n".join(verdict_section(records, verdicts, args)) + "\n"
     paper = [{"table": t, "method": m, "rate_std": s, "alpha": a, **v} for (t, m, s), d in PAPER.items()
              for a, v in d.items()]
     write_outputs(args.out, table, {"args": vars(args), "rows": rows, "checks": direction_checks(rows, args),
                                     "runs": records, "client_sizes": partitions, "rates": rates, "paper": paper,
+                                    "verdicts": {k: [verdict_json(v) for v in vs] for k, vs in verdicts.items()},
                                     "seconds": round(seconds, 1)})
     plot(records, rows, args)
+    for setting in args.settings:
+        for std in args.rate_stds:
+            plot_methods(best_alpha_runs(records, rows, setting, std),
+                         os.path.join(args.out, f"claims_{setting}_sd{std:g}.png"),
+                         f"{DATASET_TITLES.get(args.dataset, args.dataset)} logreg, {setting}, "
+                         f"rates N({args.rate_mean:g}, {std:g}^2), each method at its best alpha")
     print(table)
     return 0
 
