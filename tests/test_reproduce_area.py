@@ -197,7 +197,8 @@ def test_reproduce_area_runs_end_to_end_on_a_tiny_setting(tmp_path, area):
     out = tmp_path / "area"
     # The embedded Synthetic(1, 1) data, 6 clients, t_h = 2, two trials, two alphas, the paper's four methods.
     proc = subprocess.run([sys.executable, SCRIPT, "--dataset", "synthetic", "--clients", "6", "--horizon", "2",
-                           "--trials", "2", "--alphas", "0.1", "1", "--evals", "10", "--out", str(out)],
+                           "--trials", "2", "--alphas", "0.1", "1", "--evals", "10", "--rate-stds", "0", "5",
+                           "--out", str(out)],
                           env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(os.listdir(out)) == ["claims_n128_m1_sd0.png", "claims_n128_m1_sd5.png", "curves_n128_m1.png",
