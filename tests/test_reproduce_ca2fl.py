@@ -27,7 +27,7 @@ def repro():
 
 def test_scales_and_argument_checks(repro, capsys):
     cpu = repro.parse_args([])
-    assert [s.key for s in cpu.settings] == ["fashion_mnist/mlp/0.1", "fashion_mnist/mlp/0.05"]
+    assert [s.key for s in cpu.settings] == ["fashion_mnist/mlp/0.1"]
     assert (cpu.rounds, cpu.seeds, cpu.client_lr, cpu.train_subset, cpu.target) == (300, [0, 1, 2, 3, 4], 0.1, 12000,
                                                                                    0.75)
     assert cpu.ablation_setting.key == "fashion_mnist/mlp/0.1"  # the stronger label skew
@@ -48,7 +48,7 @@ def test_scales_and_argument_checks(repro, capsys):
     assert quick.ablation_setting.key == "cifar10/ca2fl_cnn/0.3"  # the ResNet setting is not run: the first one
     assert paper.methods == list(repro.METHODS)
     synthetic = repro.parse_args(["--dataset", "synthetic"])
-    assert [s.key for s in synthetic.settings] == ["synthetic/mlp/0.1", "synthetic/mlp/0.05"]
+    assert [s.key for s in synthetic.settings] == ["synthetic/mlp/0.1"]
     assert synthetic.ablation_setting.key == "synthetic/mlp/0.1"
     for bad in (["--settings", "cifar10/ca2fl_cnn"], ["--settings", "imagenet/ca2fl_cnn/0.3"],
                 ["--settings", "cifar10/ca2fl_cnn/-1"], ["--buffer", "30"], ["--seeds", "0", "0"],
@@ -174,3 +174,14 @@ def test_quick_run_writes_every_output(tmp_path):
     assert 0.6 < rows[("ca2fl", "main")]["tau_avg"] < 1.2
     assert data["delays"]["uniform_scales_same_events"] is True
     assert any(c.startswith("CA2FL above Async FL") for c in data["checks"])
+
+
+def test_a_split_that_cannot_be_drawn_stops_before_any_training(tmp_path):
+    """Dir(0.01) over 100 clients of 3,000 examples with 10 each: refused with the setting named, nothing run."""
+    proc = subprocess.run([sys.executable, SCRIPT, "--dataset", "synthetic", "--settings", "synthetic/mlp/0.3",
+                           "synthetic/mlp/0.01", "--train-subset", "3000", "--rounds", "2", "--seeds", "0",
+                           "--no-ablation", "--delay-rounds", "5", "--out", str(tmp_path / "out")],
+                          env=script_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "setting synthetic/mlp/0.01: dirichlet: no split" in proc.stderr
+    assert "replicas" not in proc.stderr  # no program ran, not even the first setting's
