@@ -147,7 +147,8 @@ def test_aced_active_counts_equal_the_definition_and_the_algorithms_active_set()
 
 
 def test_checks_compute_the_amplification_index_and_dropout_claims():
-    args = ace.parse_args(["--methods", "ace", "fedbuff", "--dropout-fractions", "0", "0.5"])
+    args = ace.parse_args(["--methods", "ace", "fedbuff", "--dropout-fractions", "0", "0.5", "--alphas", "0.1", "0.3",
+                           "--betas", "5", "30"])
     acc = {("ace", 0.1, 5.0): 0.80, ("ace", 0.1, 30.0): 0.79, ("ace", 0.3, 5.0): 0.82, ("ace", 0.3, 30.0): 0.81,
            ("fedbuff", 0.1, 5.0): 0.78, ("fedbuff", 0.1, 30.0): 0.70, ("fedbuff", 0.3, 5.0): 0.80,
            ("fedbuff", 0.3, 30.0): 0.79}
@@ -265,6 +266,6 @@ def test_paper_path_on_mock_cifar(tmp_path, capsys):
     assert res["dropout_server_lr"] == {"aced": pytest.approx(eta)}
     assert {(r["tau"], r["fraction"]) for r in res["ablation"]} == {(t, f) for t in (1.0, 10.0) for f in (0.0, 0.5)}
     assert {r["fraction"] for r in res["dropout"]} == {0.0, 0.5}
-    assert sorted(os.listdir(out)) == ["accuracy.png", "accuracy_steps.png", "dropout.png", "results.json",
-                                       "table.md"]
+    assert sorted(os.listdir(out)) == ["accuracy.png", "accuracy_steps.png", "claims_a0.1_b5.png", "dropout.png",
+                                       "results.json", "table.md"]
     assert "CIFAR-10" in capsys.readouterr().out

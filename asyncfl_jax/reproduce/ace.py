@@ -162,8 +162,8 @@ SCALES = {
 }
 CIFAR100_GRID = {"alphas": [0.1, 0.3, 1.0, 10.0], "betas": [1.0, 5.0, 20.0, 30.0]}  # Fig. a.2 / Tab. a.5
 QUICK = {"clients": 20, "alphas": [0.1], "betas": [5.0, 30.0], "seeds": [0], "uploads": 400, "steps": 60,
-         "dropout_fractions": [0.0, 0.5], "tau_ablation": [1.0, 50.0], "evals": 10, "final_window": 2,
-         "tune": True, "skip_dropout": False}  # the smoke test goes through the sweep and the dropout study
+         "dropout_fractions": [0.0, 0.5], "tau_ablation": [1.0, 50.0], "evals": 10, "final_window": 2}
+QUICK_CPU = {"tune": True, "skip_dropout": False}  # the cpu smoke test goes through the sweep and the dropout study
 DATASETS = ("fashion_mnist", "synthetic", "cifar10", "cifar100", "20newsgroup")
 UNAVAILABLE = ("the paper's 20Newsgroup experiment (Tab. a.2, DistilBERT / BERT-base) is not available in this "
                "project: it has no text-dataset loader and no transformer models; its numbers are printed beside the "
@@ -259,7 +259,7 @@ def apply_scale_defaults(args: argparse.Namespace) -> None:
     if dataset == "cifar100":
         defaults.update(CIFAR100_GRID)
     if args.quick:
-        defaults.update(QUICK)
+        defaults.update(QUICK, **(QUICK_CPU if args.scale == "cpu" else {}))
     args.dataset = dataset
     for name in ("model", "clients", "alphas", "betas", "seeds", "budget", "uploads", "steps", "concurrency",
                  "dropout_fractions", "tau_ablation", "evals", "final_window", "max_replicas", "tune",
