@@ -156,6 +156,7 @@ def test_quick_run_writes_every_output(tmp_path):
         for b in ("equal uploads", "equal virtual time", "equal local computation")}
     assert all(v["outcome"] == "one seed" and v["needs_more_seeds"] for v in verdicts)
     assert "**Verdicts, synthetic/mlp/0.1, seeds [0]**" in table
+    assert "Share of uploads made by the fastest 20% of the clients" in table
     for label in ("Async FL (FedBuff)", "CA2FL", "MF-CA2FL (2 bits)", "FedAsync (polynomial)"):
         assert f"| {label} |" in table
     assert "| gap CA2FL - Async FL |" in table and "| U(0,5) + 5 (digest calibration) |" in table

@@ -95,7 +95,8 @@ from asyncfl_jax.reproduce.curves import finite_mean_std, first_passage, mean_of
 from asyncfl_jax.reproduce.data import DATASET_TITLES, check_dataset, load_dataset, standardize_channels
 from asyncfl_jax.reproduce.report import (distinct_seeds_problem, label_axes, log_program, pyplot, save_png,
                                           write_outputs, yes_no)
-from asyncfl_jax.reproduce.verdicts import claim_verdicts, plot_methods, verdict_json, verdict_lines
+from asyncfl_jax.reproduce.verdicts import (claim_verdicts, participation_line, plot_methods, schedule_fastest_share,
+                                            verdict_json, verdict_lines)
 from asyncfl_jax.timing import DelayModel, pad_to_common_widths, schedule_summary
 
 
@@ -948,6 +949,14 @@ def setting_verdicts(records: list[dict], args: argparse.Namespace) -> dict[str,
     return out
 
 
+def main_fastest_share(args: argparse.Namespace) -> float:
+    """The share of uploads made by the fastest 20% of the clients in the main protocol's schedules (mean over the
+    seeds; the same for every method of the boundary-refill protocol)."""
+    method, variant = METHODS["asyncfl"], main_variant(args)
+    return float(np.mean([schedule_fastest_share(schedule_for(method, variant, args.rounds, seed, args),
+                                                 delay_model(variant.delays, args), seed) for seed in args.seeds]))
+
+
 def plot_verdict_figures(records: list[dict], args: argparse.Namespace) -> list[str]:
     """``claims_<dataset>_<model>_<alpha>.png``: per setting, one line per method with a band over the main seeds,
     against uploads, virtual time and local steps (:func:`asyncfl_jax.reproduce.verdicts.plot_methods`)."""
@@ -1116,6 +1125,8 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = setting_verdicts(records, args)
     table += "\n".join(line for key, vs in verdicts.items()
                        for line in ["", *verdict_lines(vs, f"Verdicts, {key}, seeds {args.seeds}")]) + "\n"
+    table += participation_line({f"Mc = {args.concurrency}, M = {args.buffer}, s_i ~ U(0, {args.delay_high:g})":
+                                 main_fastest_share(args)}) + "\n"
     saved_args = {k: ([s.key for s in v] if k == "settings" else v.key if k == "ablation_setting" else v)
                   for k, v in vars(args).items()}
     write_outputs(args.out, table, {"args": saved_args, "tasks": infos, "results": rows,
