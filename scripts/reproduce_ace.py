@@ -8,7 +8,7 @@ The experiment logic (setups, grids, the paper's Table a.2, runners, checks, fig
 
 Usage::
 
-    python scripts/reproduce_ace.py                      # --scale cpu: about 15 minutes on 2 CPU cores
+    python scripts/reproduce_ace.py                      # --scale cpu: Fashion-MNIST MLP, Dir(0.1), beta 30, 5 seeds
     python scripts/reproduce_ace.py --quick              # 20 clients, 400 uploads, one seed: 1-2 minutes
     python scripts/reproduce_ace.py --scale paper --data-dir ~/tensorflow_datasets          # CIFAR-10, a GPU
     python scripts/reproduce_ace.py --scale paper --dataset cifar100 --tune --out results/ace_c100

@@ -8,7 +8,7 @@ and the deviations from the paper; ``--help`` lists the options. Results: ``docs
 
 Usage::
 
-    python scripts/reproduce_ca2fl.py                              # --scale cpu: 4 min of CPU time (2 cores)
+    python scripts/reproduce_ca2fl.py                              # --scale cpu: MLP, Dir(0.1), 5 seeds
     python scripts/reproduce_ca2fl.py --quick                      # Dir(0.1) only, 40 rounds, 1 seed
     python scripts/reproduce_ca2fl.py --scale paper --data-dir ~/tensorflow_datasets --out results/ca2fl_paper
     python scripts/reproduce_ca2fl.py --scale paper --settings cifar10/ca2fl_cnn/0.3 --methods asyncfl ca2fl mf8

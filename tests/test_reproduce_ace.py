@@ -23,12 +23,17 @@ from support import ROOT, script_env
 # ------------------------------------------------------------------------------------------------ budget, step sizes
 def test_cpu_defaults_give_every_method_the_same_uploads():
     args = ace.parse_args([])
-    assert (args.clients, args.alphas, args.betas, args.budget) == (100, [0.1, 0.3], [5.0, 30.0], "uploads")
+    assert (args.clients, args.alphas, args.betas, args.budget) == (100, [0.1], [30.0], "uploads")
+    assert (args.model, args.seeds, args.skip_dropout) == ("mlp", [0, 1, 2, 3, 4], True)
     assert args.concurrency == args.asgd_concurrency == 100  # everyone always training
     assert {m: ace.server_steps(args, m) for m in ace.METHODS} == {
-        "ace": 10000, "aced": 10000, "fedbuff": 1000, "ca2fl": 1000, "da_asgd": 10000, "vanilla_asgd": 10000}
-    assert ace.lr_grid(args, "fedbuff") == ace.CPU_GRIDS["fedbuff"] and len(ace.lr_grid(args, "ace")) == 4
-    assert ace.lr_grid(ace.parse_args(["--no-tune"]), "ace") == [0.003]
+        "ace": 2000, "aced": 2000, "fedbuff": 200, "ca2fl": 200, "da_asgd": 2000, "vanilla_asgd": 2000}
+    # the step sizes the documented sweep chose, each inside its grid; --tune sweeps the grid again
+    assert {m: ace.lr_grid(args, m) for m in ace.METHODS} == {m: [v] for m, v in ace.CPU_DEFAULT_LR.items()}
+    assert all(min(ace.CPU_GRIDS[m]) < v < max(ace.CPU_GRIDS[m]) for m, v in ace.CPU_DEFAULT_LR.items())
+    tuned = ace.parse_args(["--tune"])
+    assert ace.lr_grid(tuned, "fedbuff") == ace.CPU_GRIDS["fedbuff"] and len(ace.lr_grid(tuned, "ace")) == 4
+    assert not ace.parse_args(["--no-skip-dropout"]).skip_dropout
     assert ace.lr_grid(ace.parse_args(["--lr", "ace=0.5,0.7"]), "ace") == [0.5, 0.7]
     assert ace.parse_args(["--dropout-fractions", "0.5", "0.2"]).dropout_fractions == [0.0, 0.2, 0.5]
 
@@ -142,7 +147,8 @@ def test_aced_active_counts_equal_the_definition_and_the_algorithms_active_set()
 
 
 def test_checks_compute_the_amplification_index_and_dropout_claims():
-    args = ace.parse_args(["--methods", "ace", "fedbuff", "--dropout-fractions", "0", "0.5"])
+    args = ace.parse_args(["--methods", "ace", "fedbuff", "--dropout-fractions", "0", "0.5", "--alphas", "0.1", "0.3",
+                           "--betas", "5", "30"])
     acc = {("ace", 0.1, 5.0): 0.80, ("ace", 0.1, 30.0): 0.79, ("ace", 0.3, 5.0): 0.82, ("ace", 0.3, 30.0): 0.81,
            ("fedbuff", 0.1, 5.0): 0.78, ("fedbuff", 0.1, 30.0): 0.70, ("fedbuff", 0.3, 5.0): 0.80,
            ("fedbuff", 0.3, 30.0): 0.79}
@@ -199,10 +205,17 @@ def test_quick_cpu_run_writes_the_figures_and_the_table_beside_table_a2(tmp_path
            "--out", str(out)]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(os.listdir(out)) == ["accuracy.png", "accuracy_steps.png", "dropout.png", "results.json",
-                                       "table.md"]
+    assert sorted(os.listdir(out)) == ["accuracy.png", "accuracy_steps.png", "claims_a0.3_b30.png",
+                                       "claims_a0.3_b5.png", "dropout.png", "results.json", "table.md"]
     table = (out / "table.md").read_text()
     assert table in proc.stdout
+    # the verdict tables: every claim at the three equal budgets, with the fastest clients' share of the uploads
+    assert "**Verdicts, Dir(α=0.3), β=30, seeds [0]**" in table and "share of uploads made by the fastest 20%" in \
+        table.lower()
+    verdicts = json.loads((out / "results.json").read_text())["verdicts"]["0.3/30"]
+    assert {(v["claim"], v["budget"]) for v in verdicts} == {(c[0], b) for c in ace.CLAIMS for b in (
+        "equal uploads", "equal virtual time", "equal local computation")}
+    assert {v["outcome"] for v in verdicts} <= {"one seed", "diverged"}  # one seed: never a win
     for label in ace.LABELS.values():
         assert f"| {label}" in table
     assert "63.7 ± 1.7" in table and "49.3 ± 2.8" in table  # Tab. a.2's ACE and Vanilla ASGD, DistilBERT alpha 0.1
@@ -255,6 +268,6 @@ def test_paper_path_on_mock_cifar(tmp_path, capsys):
     assert res["dropout_server_lr"] == {"aced": pytest.approx(eta)}
     assert {(r["tau"], r["fraction"]) for r in res["ablation"]} == {(t, f) for t in (1.0, 10.0) for f in (0.0, 0.5)}
     assert {r["fraction"] for r in res["dropout"]} == {0.0, 0.5}
-    assert sorted(os.listdir(out)) == ["accuracy.png", "accuracy_steps.png", "dropout.png", "results.json",
-                                       "table.md"]
+    assert sorted(os.listdir(out)) == ["accuracy.png", "accuracy_steps.png", "claims_a0.1_b5.png", "dropout.png",
+                                       "results.json", "table.md"]
     assert "CIFAR-10" in capsys.readouterr().out

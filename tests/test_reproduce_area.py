@@ -193,15 +193,16 @@ def test_unavailable_dataset_is_a_clear_error(tmp_path):
     assert not out.exists()
 
 
-def test_reproduce_area_runs_end_to_end_on_a_tiny_setting(tmp_path):
+def test_reproduce_area_runs_end_to_end_on_a_tiny_setting(tmp_path, area):
     out = tmp_path / "area"
     # The embedded Synthetic(1, 1) data, 6 clients, t_h = 2, two trials, two alphas, the paper's four methods.
     proc = subprocess.run([sys.executable, SCRIPT, "--dataset", "synthetic", "--clients", "6", "--horizon", "2",
-                           "--trials", "2", "--alphas", "0.1", "1", "--evals", "10", "--out", str(out)],
+                           "--trials", "2", "--alphas", "0.1", "1", "--evals", "10", "--rate-stds", "0", "5",
+                           "--out", str(out)],
                           env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(os.listdir(out)) == ["curves_n128_m1.png", "heterogeneity_n128_m1.png", "results.json",
-                                       "table.md"]
+    assert sorted(os.listdir(out)) == ["claims_n128_m1_sd0.png", "claims_n128_m1_sd5.png", "curves_n128_m1.png",
+                                       "heterogeneity_n128_m1.png", "results.json", "table.md"]
     table = (out / "table.md").read_text()
     assert table in proc.stdout
     for method in ("S-FedAvg", "AS-FedAvg", "FedBuff", "AREA"):
@@ -217,3 +218,11 @@ def test_reproduce_area_runs_end_to_end_on_a_tiny_setting(tmp_path):
     assert rows[("AREA", 0.0, 0.1)]["uploads"] == rows[("FedBuff", 0.0, 0.1)]["uploads"]  # the same events
     assert set(data["rates"]["n128_m1"]) == {"0", "5"} and len(data["rates"]["n128_m1"]["5"]) == 2
     assert data["client_sizes"]["n128_m1"] and sum(data["client_sizes"]["n128_m1"]) > 0
+    # the verdicts: two trials, so a noise estimate; equal virtual time, uploads and local steps; uniform rates give
+    # about uniform participation (the fastest 20% of the clients: about 20% of the uploads), skewed ones more
+    verdicts = data["verdicts"]["n128_m1, rate sd 5"]
+    assert {v["claim"] for v in verdicts} == {c[0] for c in area.CLAIMS}
+    assert {v["budget"] for v in verdicts} == {"equal virtual time", "equal uploads", "equal local computation"}
+    assert all(v["seeds"] == 2 and v["outcome"] != "one seed" for v in verdicts)
+    assert "**Verdicts, n128_m1, rate sd 5, trials [0, 1]**" in table
+    assert all(run["fastest_share"] > 0.2 for run in data["runs"] if run["rate_std"] == 5.0)

@@ -27,9 +27,11 @@ def repro():
 
 def test_scales_and_argument_checks(repro, capsys):
     cpu = repro.parse_args([])
-    assert [s.key for s in cpu.settings] == ["fashion_mnist/logreg/0.3", "fashion_mnist/logreg/0.1"]
-    assert (cpu.rounds, cpu.seeds, cpu.client_lr, cpu.train_subset, cpu.target) == (100, [0, 1], 0.2, 12000, 0.75)
-    assert cpu.ablation_setting.key == "fashion_mnist/logreg/0.1"  # where this task resolves CA2FL's effect
+    assert [s.key for s in cpu.settings] == ["fashion_mnist/mlp/0.1"]
+    assert (cpu.rounds, cpu.seeds, cpu.client_lr, cpu.train_subset, cpu.target) == (300, [0, 1, 2, 3, 4], 0.1, 12000,
+                                                                                   0.75)
+    assert cpu.ablation_setting.key == "fashion_mnist/mlp/0.1"  # the stronger label skew
+    assert cpu.methods == ["asyncfl", "ca2fl", "mf8", "mf4", "mf2"]  # FedAsync etc. were not swept on this task
     paper = repro.parse_args(["--scale", "paper"])
     assert len(paper.settings) == 6 and paper.settings[0].key == "cifar10/ca2fl_cnn/0.3"
     assert (paper.rounds, paper.seeds, paper.client_lr, paper.train_subset) == (500, [0, 1, 2], 0.01, None)
@@ -44,9 +46,10 @@ def test_scales_and_argument_checks(repro, capsys):
     quick = repro.parse_args(["--scale", "paper", "--quick"])
     assert [s.key for s in quick.settings] == ["cifar10/ca2fl_cnn/0.3"] and quick.seeds == [0]
     assert quick.ablation_setting.key == "cifar10/ca2fl_cnn/0.3"  # the ResNet setting is not run: the first one
+    assert paper.methods == list(repro.METHODS)
     synthetic = repro.parse_args(["--dataset", "synthetic"])
-    assert [s.key for s in synthetic.settings] == ["synthetic/logreg/0.3", "synthetic/logreg/0.1"]
-    assert synthetic.ablation_setting.key == "synthetic/logreg/0.1"
+    assert [s.key for s in synthetic.settings] == ["synthetic/mlp/0.1"]
+    assert synthetic.ablation_setting.key == "synthetic/mlp/0.1"
     for bad in (["--settings", "cifar10/ca2fl_cnn"], ["--settings", "imagenet/ca2fl_cnn/0.3"],
                 ["--settings", "cifar10/ca2fl_cnn/-1"], ["--buffer", "30"], ["--seeds", "0", "0"],
                 ["--ablation-buffer", "25"], ["--ablation-setting", "cifar10/ca2fl_cnn/0.3"],
@@ -57,12 +60,13 @@ def test_scales_and_argument_checks(repro, capsys):
 
 
 def test_method_plan_and_fedasync_hyperparameters(repro):
-    args = repro.parse_args(["--settings", "cifar10/resnet18_gn/0.3", "cifar10/resnet18_gn/0.1"])
+    args = repro.parse_args(["--settings", "cifar10/resnet18_gn/0.3", "cifar10/resnet18_gn/0.1", "--methods",
+                             *repro.METHODS])
     first, second = args.settings
     assert [m.key for m in repro.methods_for(first, args)] == list(repro.METHODS)
     assert [m.key for m in repro.methods_for(second, args)] == ["asyncfl", "ca2fl", "mf8", "mf4"]
     poly = repro.hparams_for(repro.METHODS["fedasync_polynomial"], first, args)
-    assert poly == {"client_lr": 0.2, "weight_decay": 1e-4, "prox_mu": 0.1, "alpha": 0.3, "staleness_a": 0.3}
+    assert poly == {"client_lr": 0.1, "weight_decay": 1e-4, "prox_mu": 0.1, "alpha": 0.3, "staleness_a": 0.3}
     cnn = repro.parse_setting("cifar10/ca2fl_cnn/0.3")
     assert repro.hparams_for(repro.METHODS["fedasync_constant"], cnn, args)["alpha"] == 0.3
     assert repro.hparams_for(repro.METHODS["fedasync_polynomial"], cnn, args)["alpha"] == 0.5
@@ -141,9 +145,18 @@ def test_quick_run_writes_every_output(tmp_path):
                            "--ablation-concurrency", "25", "--ablation-buffer", "5", "--delay-rounds", "100",
                            "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(os.listdir(out)) == ["ablation.png", "accuracy.png", "fedasync.png", "results.json", "table.md"]
+    assert sorted(os.listdir(out)) == ["ablation.png", "accuracy.png", "claims_synthetic_mlp_0.1.png", "fedasync.png",
+                                       "results.json", "table.md"]
     table = (out / "table.md").read_text()
     assert table in proc.stdout
+    # one seed: a verdict per claim and budget, never a win
+    verdicts = json.loads((out / "results.json").read_text())["verdicts"]["synthetic/mlp/0.1"]
+    assert {(v["claim"], v["budget"]) for v in verdicts} == {
+        (c, b) for c in ("CA2FL above Async FL", "CA2FL above MF-CA2FL 2 bits")
+        for b in ("equal uploads", "equal virtual time", "equal local computation")}
+    assert all(v["outcome"] == "one seed" and v["needs_more_seeds"] for v in verdicts)
+    assert "**Verdicts, synthetic/mlp/0.1, seeds [0]**" in table
+    assert "Share of uploads made by the fastest 20% of the clients" in table
     for label in ("Async FL (FedBuff)", "CA2FL", "MF-CA2FL (2 bits)", "FedAsync (polynomial)"):
         assert f"| {label} |" in table
     assert "| gap CA2FL - Async FL |" in table and "| U(0,5) + 5 (digest calibration) |" in table
@@ -162,3 +175,14 @@ def test_quick_run_writes_every_output(tmp_path):
     assert 0.6 < rows[("ca2fl", "main")]["tau_avg"] < 1.2
     assert data["delays"]["uniform_scales_same_events"] is True
     assert any(c.startswith("CA2FL above Async FL") for c in data["checks"])
+
+
+def test_a_split_that_cannot_be_drawn_stops_before_any_training(tmp_path):
+    """Dir(0.01) over 100 clients of 3,000 examples with 10 each: refused with the setting named, nothing run."""
+    proc = subprocess.run([sys.executable, SCRIPT, "--dataset", "synthetic", "--settings", "synthetic/mlp/0.3",
+                           "synthetic/mlp/0.01", "--train-subset", "3000", "--rounds", "2", "--seeds", "0",
+                           "--no-ablation", "--delay-rounds", "5", "--out", str(tmp_path / "out")],
+                          env=script_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "setting synthetic/mlp/0.01: dirichlet: no split" in proc.stderr
+    assert "replicas" not in proc.stderr  # no program ran, not even the first setting's

@@ -46,15 +46,19 @@ Two experiments:
 Scales (``--scale``):
 
 * ``cpu`` (default): Fashion-MNIST (IDX files; ``--dataset synthetic`` uses LEAF Synthetic(1, 1) pooled and
-  re-split instead), multinomial logistic regression (``--model mlp`` for a 200-200 MLP), n = 100 clients, Dirichlet
-  alpha in {0.1, 0.3} x beta in {5, 30}, seeds 0 and 1, batch 50, **every client always training** (FedBuff and CA2FL
-  at concurrency n with buffer 10, the ASGDs at concurrency n) and **the same number of client uploads for every
-  method** (``--uploads``, 10,000: 10,000 server steps of ACE/ACED/ASGD, 1,000 of FedBuff/CA2FL; ACE and ACED also
-  upload n gradients in their initialization round at x0, which takes no virtual time). Every method's server step
-  size is chosen on a small grid (a vmapped sweep), by the lowest final training loss (the global objective
-  F = (1/n) sum F_i on a fixed 5,000-example sample of the clients' data), so the test set never chooses; the grids are
-  in ``CPU_GRIDS``. The dropout study keeps, for every fraction, each method's step size selected at 0% dropout
-  (the main comparison's at that (alpha, beta) when it ran the method with the same hyper-parameters).
+  re-split instead), the MLP 784-200-200-10 (non-convex, as the paper's models; ``--model logreg`` for the earlier
+  convex setting), n = 100 clients, a Dirichlet(0.1) split and strongly skewed client speeds (beta = 30: the fastest
+  20% of the clients make about two thirds of the uploads), seeds 0-4, batch 50, **every client always training**
+  (FedBuff and CA2FL at concurrency n with buffer 10, the ASGDs at concurrency n) and **the same number of client
+  uploads for every method** (``--uploads``, 2,000: 2,000 server steps of ACE/ACED/ASGD, 200 of FedBuff/CA2FL; ACE
+  and ACED also upload n gradients in their initialization round at x0, which takes no virtual time). Every upload
+  is one minibatch gradient, so equal uploads are equal local computation too. Each method's server step size is
+  ``CPU_DEFAULT_LR``, chosen by a sweep over ``CPU_GRIDS`` on seed 0 (``--tune`` repeats it: a vmapped sweep per
+  method, the lowest final training loss, the global objective F = (1/n) sum F_i on a fixed 5,000-example sample of
+  the clients' data, so the test set never chooses). The dropout study runs with ``--no-skip-dropout``; it keeps, for
+  every fraction, each method's step size selected at 0% dropout (the main comparison's at that (alpha, beta) when it
+  ran the method with the same hyper-parameters). ``table.md`` ends with a verdict table per setting
+  (:mod:`asyncfl_jax.reproduce.verdicts`) and the share of uploads of the fastest 20% of the clients.
 * ``paper``: CIFAR-10 (``--dataset cifar100``: CIFAR-100, alpha in {0.1, 0.3, 1, 10} x beta in {1, 5, 20, 30}, as
   Fig. a.2) through TensorFlow Datasets, ResNet-18 with GroupNorm (``resnet18_gn``), n = 100, T = 500 server
   iterations for every method (the paper's x-axis: FedBuff/CA2FL then use 10x the uploads), 5 seeds, Tab. a.4: eta =
@@ -81,6 +85,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from typing import Any
 
@@ -96,6 +101,8 @@ from asyncfl_jax.engine.hparams import make_replicas
 from asyncfl_jax.reproduce.grid import command_main, replica_runs, run_grid, setting_seed
 from asyncfl_jax.reproduce.report import (distinct_seeds_problem, parse_checked, pyplot, save_png, table_row,
                                           write_outputs, yes_no)
+from asyncfl_jax.reproduce.verdicts import (claim_verdicts, participation_line, plot_methods, schedule_fastest_share,
+                                            verdict_json, verdict_lines)
 from asyncfl_jax.timing import DelayModel, schedule_summary
 
 DROPOUT_SEEDS = 100_000  # the dropout study's training seeds start here
@@ -122,40 +129,43 @@ PAPER_TABLE_A2 = {
 }
 
 # CPU scale: server step sizes swept per method (x -= eta g for the gradient methods; x += eta mean Delta with
-# Delta = -0.05 g for FedBuff/CA2FL, so their eta 0.2 .. 6 is 0.01 .. 0.3 per gradient). Chosen on pilots
-# (Fashion-MNIST, logistic regression, 3,000 and 10,000 uploads, alpha 0.1, beta 5 and 30, grids 0.0003 .. 1 per
-# gradient) so that the value with the lowest final training loss lies inside each grid: ACE/ACED 0.003 (0.01
-# already gives a 2-3x larger loss: the mean of stale gradients overshoots), FedBuff 0.6, CA2FL 0.6-2, the ASGDs
-# 0.003-0.01.
+# Delta = -0.05 g for FedBuff/CA2FL, so their eta 0.6 .. 20 is 0.03 .. 1 per gradient). The sweep behind
+# CPU_DEFAULT_LR (docs/reproduce_ace.md): the cpu setting (MLP, Dir(0.1), beta 30, 2,000 uploads), seed 0, the
+# lowest final training loss; every chosen value lies inside its grid (the largest value diverged or was the worst
+# for every method).
 CPU_GRIDS = {
-    "ace": [0.001, 0.003, 0.01, 0.03],
-    "aced": [0.001, 0.003, 0.01, 0.03],
-    "fedbuff": [0.2, 0.6, 2.0, 6.0],
-    "ca2fl": [0.2, 0.6, 2.0, 6.0],
-    "da_asgd": [0.001, 0.003, 0.01, 0.03],
-    "vanilla_asgd": [0.001, 0.003, 0.01, 0.03],
+    "ace": [0.003, 0.01, 0.03, 0.1],
+    "aced": [0.003, 0.01, 0.03, 0.1],
+    "fedbuff": [0.6, 2.0, 6.0, 20.0],
+    "ca2fl": [0.6, 2.0, 6.0, 20.0],
+    "da_asgd": [0.003, 0.01, 0.03, 0.1],
+    "vanilla_asgd": [0.003, 0.01, 0.03, 0.1],
 }
-CPU_DEFAULT_LR = {"ace": 0.003, "aced": 0.003, "fedbuff": 0.6, "ca2fl": 0.6, "da_asgd": 0.003,
-                  "vanilla_asgd": 0.003}  # --no-tune: the values the pilots selected
+CPU_DEFAULT_LR = {"ace": 0.01, "aced": 0.01, "fedbuff": 2.0, "ca2fl": 2.0, "da_asgd": 0.01,
+                  "vanilla_asgd": 0.01}  # the cpu scale's step sizes (the sweep's choices; --tune sweeps again)
 PAPER_C_GRID = [10.0, 5.0, 2.0, 1.0, 0.5, 0.2, 0.1]  # eta = c sqrt(n / T), App. F.2
 
 SCALES = {
+    # cpu: the 784-200-200-10 MLP at the heterogeneity ACE is about, strongly skewed client speeds (beta = 30) on a
+    # Dir(0.1) split; 2,000 uploads per method, 5 seeds, each method at the step size a sweep on seed 0 chose
+    # (CPU_DEFAULT_LR; --tune sweeps CPU_GRIDS again); the dropout study only with --no-skip-dropout.
     "cpu": {
-        "dataset": "fashion_mnist", "model": "logreg", "clients": 100, "alphas": [0.1, 0.3], "betas": [5.0, 30.0],
-        "seeds": [0, 1], "budget": "uploads", "uploads": 10000, "steps": 500, "concurrency": None,
+        "dataset": "fashion_mnist", "model": "mlp", "clients": 100, "alphas": [0.1], "betas": [30.0],
+        "seeds": [0, 1, 2, 3, 4], "budget": "uploads", "uploads": 2000, "steps": 500, "concurrency": None,
         "dropout_fractions": [0.0, 0.2, 0.4, 0.6], "tau_ablation": [1.0, 10.0, 50.0, 100.0], "evals": 30,
-        "final_window": 5, "max_replicas": 0, "tune": True,
+        "final_window": 5, "max_replicas": 0, "tune": False, "skip_dropout": True,
     },
     "paper": {
         "dataset": "cifar10", "model": "resnet18_gn", "clients": 100, "alphas": [0.1, 0.3], "betas": [5.0, 30.0],
         "seeds": [0, 1, 2, 3, 4], "budget": "steps", "uploads": 5000, "steps": 500, "concurrency": 20,
         "dropout_fractions": [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7], "tau_ablation": [1.0, 10.0, 50.0, 100.0, 200.0],
-        "evals": 50, "final_window": 1, "max_replicas": 0, "tune": False,
+        "evals": 50, "final_window": 1, "max_replicas": 0, "tune": False, "skip_dropout": False,
     },
 }
 CIFAR100_GRID = {"alphas": [0.1, 0.3, 1.0, 10.0], "betas": [1.0, 5.0, 20.0, 30.0]}  # Fig. a.2 / Tab. a.5
 QUICK = {"clients": 20, "alphas": [0.1], "betas": [5.0, 30.0], "seeds": [0], "uploads": 400, "steps": 60,
          "dropout_fractions": [0.0, 0.5], "tau_ablation": [1.0, 50.0], "evals": 10, "final_window": 2}
+QUICK_CPU = {"tune": True, "skip_dropout": False}  # the cpu smoke test goes through the sweep and the dropout study
 DATASETS = ("fashion_mnist", "synthetic", "cifar10", "cifar100", "20newsgroup")
 UNAVAILABLE = ("the paper's 20Newsgroup experiment (Tab. a.2, DistilBERT / BERT-base) is not available in this "
                "project: it has no text-dataset loader and no transformer models; its numbers are printed beside the "
@@ -167,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``scripts/reproduce_ace.py``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", choices=list(SCALES), default="cpu",
-                   help="cpu: Fashion-MNIST logistic regression, equal uploads, tuned step sizes (default); paper: "
+                   help="cpu: Fashion-MNIST MLP, Dir(0.1), skewed speeds, equal uploads, swept step sizes (default); paper: "
                         "CIFAR-10/100 ResNet-18, T = 500 server iterations, Tab. a.4's hyper-parameters")
     p.add_argument("--quick", action="store_true",
                    help="a smoke-sized run: 20 clients, 400 uploads (60 steps at paper scale), alpha 0.1, one seed, "
@@ -201,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dropout-setting", type=float, nargs=2, default=[0.3, 5.0], metavar=("ALPHA", "BETA"),
                    help="(alpha, beta) of the dropout study (paper: 0.3 5)")
     p.add_argument("--dropout-methods", nargs="+", choices=METHODS, default=list(DROPOUT_METHODS))
-    p.add_argument("--skip-dropout", action="store_true", help="run only the Fig. 2 comparison")
+    p.add_argument("--skip-dropout", action=argparse.BooleanOptionalAction, default=None,
+                   help="run only the Fig. 2 comparison (default: yes at cpu scale, no at paper scale)")
     p.add_argument("--delay-model", choices=["client_exp", "iid_exp"], default="client_exp")
     p.add_argument("--t-fix", type=float, default=1.0, help="fixed part of every job time under client_exp")
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
@@ -250,10 +261,11 @@ def apply_scale_defaults(args: argparse.Namespace) -> None:
     if dataset == "cifar100":
         defaults.update(CIFAR100_GRID)
     if args.quick:
-        defaults.update(QUICK)
+        defaults.update(QUICK, **(QUICK_CPU if args.scale == "cpu" else {}))
     args.dataset = dataset
     for name in ("model", "clients", "alphas", "betas", "seeds", "budget", "uploads", "steps", "concurrency",
-                 "dropout_fractions", "tau_ablation", "evals", "final_window", "max_replicas", "tune"):
+                 "dropout_fractions", "tau_ablation", "evals", "final_window", "max_replicas", "tune",
+                 "skip_dropout"):
         if getattr(args, name) is None:
             setattr(args, name, defaults[name])
     if args.clients >= 2:
@@ -482,7 +494,9 @@ def run_program(task: Task, args: argparse.Namespace, method: str, settings: lis
                                                            if "tau_algo" in extra else {}),
                              "server_lr": float(point.hparams["server_lr"]), "schedule": stats})
         frame = run_grid(task, algorithm, replicas, local=local, name=label, eval_every=eval_every)
+        counted = "local_steps" in frame.columns
         runs = replica_runs(frame, ("diverged_at",), {"steps": "step", "times": "time", "uploads": "uploads",
+                                                      **({"local_steps": "local_steps"} if counted else {}),
                                                       "test_accuracy": "test_accuracy", "train_loss": "train_loss"})
         records += [{**m, **r} for m, r in zip(meta, runs)]
     return records
@@ -818,6 +832,53 @@ def _where(settings: list[tuple[float, float]]) -> str:
     return (": " + ", ".join(f"α={a:g} β={b:g}" for a, b in settings)) if settings else ""
 
 
+# ------------------------------------------------------------------------------------------------ verdicts
+# The paper's claims checked in every (alpha, beta) setting: (claim, method, baseline, the paper's numbers: Tab. a.2,
+# DistilBERT, alpha 0.1, beta 5, %).
+CLAIMS = (("ACE above FedBuff", "ace", "fedbuff", "63.7 vs 55.7"),
+          ("ACE above CA2FL", "ace", "ca2fl", "63.7 vs 61.6"),
+          ("ACE above Vanilla ASGD", "ace", "vanilla_asgd", "63.7 vs 49.3"),
+          ("ACED above FedBuff", "aced", "fedbuff", "63.1 vs 55.7"),
+          ("CA2FL above FedBuff", "ca2fl", "fedbuff", "61.6 vs 55.7"))
+
+
+def setting_verdicts(selected: list[dict], args: argparse.Namespace) -> dict[tuple[float, float], list]:
+    """Per (alpha, beta): the verdicts on :data:`CLAIMS` (the selected step sizes' runs) at equal uploads, virtual
+    time and local computation (one gradient per upload for every method here, so uploads and local steps agree)."""
+    out = {}
+    for a in args.alphas:
+        for b in args.betas:
+            runs = {m: [r for r in selected if (r["method"], r["alpha"], r["beta"]) == (m, a, b)] for m in METHODS}
+            out[(a, b)] = claim_verdicts(runs, CLAIMS, y="test_accuracy")
+    return out
+
+
+def verdict_section(verdicts: dict[tuple[float, float], list], stats: dict, args: argparse.Namespace) -> list[str]:
+    """The verdict tables, one per setting, each with the share of uploads of the fastest 20% of the clients."""
+    lines = []
+    for (a, b), vs in verdicts.items():
+        s = stats.get(b, {})
+        lines += ["", *verdict_lines(vs, f"Verdicts, Dir(α={a:g}), β={b:g}, seeds {args.seeds}")]
+        if "fastest_share_ace" in s:
+            lines.append(participation_line({"ACE/ACED (every client training)": s["fastest_share_ace"],
+                                             f"FedBuff/CA2FL (Mc = {args.concurrency})": s["fastest_share_fedbuff"]}))
+    return lines
+
+
+def plot_verdict_figures(selected: list[dict], args: argparse.Namespace, model_title: str) -> list[str]:
+    """``claims_a{alpha}_b{beta}.png``: the paper-style figure of each setting (one line per method, band over
+    seeds, against uploads, virtual time and local steps)."""
+    written = []
+    for a in args.alphas:
+        for b in args.betas:
+            runs = {m: [r for r in selected if (r["method"], r["alpha"], r["beta"]) == (m, a, b)] for m in METHODS}
+            name = f"claims_a{a:g}_b{b:g}.png"
+            plot_methods(runs, os.path.join(args.out, name), f"{model_title}, n = {args.clients}, Dir({a:g}), "
+                         f"client speeds Exp(β = {b:g}), selected step sizes", y="test_accuracy", labels=LABELS)
+            written.append(name)
+    return written
+
+
 # ------------------------------------------------------------------------------------------------ table
 def _cell(row: dict | None, digits: int = 4) -> str:
     """A final accuracy as ``mean ± 2 SE`` (and ``(k/n)`` when only k of n seeds stayed finite)."""
@@ -925,13 +986,15 @@ def schedule_lines(setting_stats: dict, args: argparse.Namespace) -> list[str]:
     lines = ["", "**Schedules** (per β, mean over seeds; all-clients-active schedule of ACE: uploads per client "
                  "and staleness in server steps)", "",
              "| β | participation CV | clients with <= 1 upload | max / median uploads | mean staleness (ACE) | "
-             "mean staleness (FedBuff, flushes) | virtual time (ACE) |", "|---|---|---|---|---|---|---|"]
+             "mean staleness (FedBuff, flushes) | virtual time (ACE) | uploads of the fastest 20% (ACE / FedBuff) |",
+             "|---|---|---|---|---|---|---|---|"]
     for b in args.betas:
         s = setting_stats.get(b)
         if s:
             lines.append(f"| {b:g} | {s['participation_cv']:.2f} | {s['share_at_most_one_upload']:.0%} | "
                          f"{s['max_over_median_uploads']:.1f} | {s['staleness_ace']} | {s['staleness_fedbuff']} | "
-                         f"{s['virtual_time']:.1f} |")
+                         f"{s['virtual_time']:.1f} | {s['fastest_share_ace']:.0%} / "
+                         f"{s['fastest_share_fedbuff']:.0%} |")
     return lines
 
 
@@ -1066,6 +1129,10 @@ def setting_statistics(args: argparse.Namespace) -> dict:
         buf = [participation_stats(make_method_schedule(args, "fedbuff", b, s)) for s in args.seeds]
         out[b] = {k: float(np.mean([x[k] for x in ace])) for k in ("participation_cv", "share_at_most_one_upload",
                                                                       "max_over_median_uploads", "virtual_time")}
+        out[b]["fastest_share_ace"] = float(np.mean([schedule_fastest_share(
+            make_method_schedule(args, "ace", b, s), delay_model(args, b), s) for s in args.seeds]))
+        out[b]["fastest_share_fedbuff"] = float(np.mean([schedule_fastest_share(
+            make_method_schedule(args, "fedbuff", b, s), delay_model(args, b), s) for s in args.seeds]))
         out[b]["staleness_ace"] = f"{np.mean([x['staleness_mean'] for x in ace]):.1f}"
         out[b]["staleness_fedbuff"] = f"{np.mean([x['staleness_mean'] for x in buf]):.2f}"
     return out
@@ -1103,8 +1170,11 @@ def write_report(args: argparse.Namespace, results: tuple[dict[float, Task], dic
                     else DATASET_TITLES[args.dataset])
     table = format_table(result["main"], result["dropout"], result["ablation"], result["checks"], result["stats"],
                          args, dataset_name, next(iter(tasks.values())).num_params, result["grid"])
+    verdicts = setting_verdicts(result["runs"], args)
+    table += "\n".join(verdict_section(verdicts, result["stats"], args)) + "\n"
     table += f"\nWall time: {seconds} s.\n"
     write_outputs(args.out, table, {
+        "verdicts": {f"{a:g}/{b:g}": [verdict_json(v) for v in vs] for (a, b), vs in verdicts.items()},
         "args": {k: v for k, v in vars(args).items()},
         "grids": {m: lr_grid(args, m) for m in METHODS},
         "main": result["main"], "grid": result["grid"], "dropout": result["dropout"], "ablation": result["ablation"],
@@ -1115,6 +1185,7 @@ def write_report(args: argparse.Namespace, results: tuple[dict[float, Task], dic
     }, indent=1, default=float)
     if result["runs"]:
         plot_main(result["runs"], args)
+        plot_verdict_figures(result["runs"], args, f"{dataset_name} {args.model}")
     if result["dropout"]:
         plot_dropout(result["dropout"], result["ablation"], result["dropout_runs"], args)
     return table

@@ -77,6 +77,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from typing import Any, Callable
 
 import jax
@@ -88,9 +89,11 @@ from asyncfl_jax import LocalConfig, ReplicaSpec, Schedule, Task, get_algorithm,
 from asyncfl_jax.algorithms import skip_empty_steps
 from asyncfl_jax.data import partition
 from asyncfl_jax.reproduce.curves import first_passage, mean_on_grid, value_on_grid
-from asyncfl_jax.reproduce.data import load_dataset
+from asyncfl_jax.reproduce.data import DATASET_TITLES, load_dataset
 from asyncfl_jax.reproduce.grid import command_main, replica_runs, run_grid, setting_seed
 from asyncfl_jax.reproduce.report import pyplot, save_png, write_outputs, yes_no
+from asyncfl_jax.reproduce.verdicts import (claim_verdicts, participation_line, plot_methods, schedule_fastest_share,
+                                            verdict_json, verdict_lines)
 from asyncfl_jax.timing import (PoissonRates, build_past, client_rates, concurrent, cut_at_horizon, poisson_delays,
                                 rates_info, steps_within, synchronous)
 
@@ -314,23 +317,31 @@ def run_method(task: Task, method: str, setting_name: str, setting: dict, args: 
     schedules = horizon_schedules(kind, setting, levels, args.trials)
     grid = grid_for(method, args)
     algorithm = skip_empty_steps(get_algorithm(name, **options))
+    cells = [(j, i, s) for j in range(len(levels)) for i, s in enumerate(args.trials)]
+    shares = {(j, i): schedule_fastest_share(schedules[j * len(args.trials) + i], levels[j], s) for j, i, s in cells}
     replicas = [ReplicaSpec(schedules[j * len(args.trials) + i], seed=setting_seed(j, s),
                             hparams={**fixed, "weight_decay": args.nu, "client_lr": alpha},
                             label={"method": method, "alpha": float(alpha), "rate_std": args.rate_stds[j], "trial": s})
-                for j in range(len(levels)) for i, s in enumerate(args.trials) for alpha in grid]
+                for j, i, s in cells for alpha in grid]
+    fastest = [shares[j, i] for j, i, _ in cells for _ in grid]
     eval_every = max(1, int(round(schedules[0].num_steps / args.evals)))
     frame = run_grid(task, algorithm, replicas, local=LocalConfig(steps=setting["local_steps"],
                                                                   batch_size=args.batch_size),
                      name=f"{setting_name} {method}", eval_every=eval_every,
                      per_replica=lambda history: {"final_loss": exact_losses(task, history.final_params, args.nu),
+                                                  "fastest_share": fastest,
                                                   **schedule_columns([r.schedule for r in replicas])})
     frame["time"] = np.minimum(frame["time"], setting["horizon"])  # after the horizon's last step: the model at t_h
+    counted = "local_steps" in frame.columns
     runs = replica_runs(frame, ("method", "alpha", "rate_std", "trial", "seed", "final_loss", "diverged_at",
-                                "uploads_total", "server_steps", "staleness_mean"),
-                        {"times": "time", "accuracy": "test_accuracy", "train_ce": "train_loss"})
+                                "uploads_total", "server_steps", "staleness_mean", "fastest_share"),
+                        {"times": "time", "accuracy": "test_accuracy", "train_ce": "train_loss",
+                         "upload_curve": "uploads", **({"local_step_curve": "local_steps"} if counted else {})})
     return [{"setting": setting_name, "method": method, "alpha": r["alpha"], "rate_std": r["rate_std"],
              "trial": r["trial"], "training_seed": r["seed"], "times": r["times"], "accuracy": r["accuracy"],
-             "train_ce": r["train_ce"], "final_accuracy": r["accuracy"][-1], "final_loss": float(r["final_loss"]),
+             "train_ce": r["train_ce"], "upload_curve": r["upload_curve"],
+             "local_step_curve": r.get("local_step_curve"), "fastest_share": r["fastest_share"],
+             "final_accuracy": r["accuracy"][-1], "final_loss": float(r["final_loss"]),
              "diverged_at": r["diverged_at"], "uploads": r["uploads_total"], "server_steps": r["server_steps"],
              "staleness_mean": r["staleness_mean"]} for r in runs]
 
@@ -577,6 +588,58 @@ def format_tables(rows: list[dict], args: argparse.Namespace, seconds: float) ->
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------------ verdicts
+CLAIMS = (("AREA above FedBuff", "AREA", "FedBuff"), ("AREA above AS-FedAvg", "AREA", "AS-FedAvg"),
+          ("AREA above S-FedAvg", "AREA", "S-FedAvg"))
+"""The paper's claims with a direction (Tables 3-10): AREA's accuracy at t_h above each baseline's."""
+
+
+def best_alpha_runs(records: list[dict], rows: list[dict], setting: str, std: float) -> dict[str, list[dict]]:
+    """Per method, the trials at its best alpha (the rows marked ``best``) as curves over virtual time, uploads and
+    local steps (``times``, ``uploads``, ``local_steps``, ``accuracy``)."""
+    best = {r["method"]: r["alpha"] for r in rows if r["setting"] == setting and r["rate_std"] == std and r["best"]}
+    return {m: [{"times": r["times"], "uploads": r["upload_curve"], "local_steps": r["local_step_curve"],
+                 "accuracy": r["accuracy"]} for r in records
+                if (r["setting"], r["rate_std"], r["method"], r["alpha"]) == (setting, std, m, a)]
+            for m, a in best.items()}
+
+
+def setting_verdicts(records: list[dict], rows: list[dict], args: argparse.Namespace) -> dict[str, list]:
+    """Per setting and rate level: the verdicts on :data:`CLAIMS`, each method at its best alpha, at equal virtual
+    time (the paper's axis: the horizon t_h), equal uploads and equal local computation."""
+    out = {}
+    for setting in args.settings:
+        for std in args.rate_stds:
+            claims = [(text, m, b, paper_claim_text(setting, args.split, std, m, b)) for text, m, b in CLAIMS]
+            out[f"{setting}, rate sd {std:g}"] = claim_verdicts(best_alpha_runs(records, rows, setting, std), claims)
+    return out
+
+
+def paper_claim_text(setting: str, split: str, std: float, method: str, baseline: str) -> str:
+    """The paper's best printed accuracies of the two methods at this level (MNIST), or ``-``."""
+    table = SETTINGS[setting]["tables"][split]
+    best = {m: max((row["acc"] for row in PAPER.get((table, m, std), {}).values()), default=None)
+            for m in (method, baseline)}
+    if None in best.values():
+        return "-"
+    return f"{best[method]:.2f} vs {best[baseline]:.2f} (Table {table}, MNIST, best alpha)"
+
+
+def verdict_section(records: list[dict], verdicts: dict[str, list], args: argparse.Namespace) -> list[str]:
+    """The verdict tables, each with the share of uploads of the fastest 20% of the clients (AREA's schedules)."""
+    lines = []
+    for setting in args.settings:
+        for std in args.rate_stds:
+            key = f"{setting}, rate sd {std:g}"
+            shares = [r["fastest_share"] for r in records if (r["setting"], r["rate_std"], r["method"]) ==
+                      (setting, std, "AREA")]
+            lines += verdict_lines(verdicts.get(key, []), f"Verdicts, {key}, trials {args.trials}")
+            if shares:
+                lines += [participation_line({"AREA / FedBuff / AS-FedAvg (every client training)":
+                                              float(np.mean(shares))}), ""]
+    return lines
+
+
 # ------------------------------------------------------------------------------------------------ figures
 def plot(records: list[dict], rows: list[dict], args: argparse.Namespace) -> list[str]:
     """``curves_<setting>.png`` (accuracy and training loss against virtual time, each method at its best alpha) and,
@@ -645,10 +708,13 @@ def plot(records: list[dict], rows: list[dict], args: argparse.Namespace) -> lis
 
 # ------------------------------------------------------------------------------------------------ main
 SCALES = {
-    "cpu": {"dataset": "fashion_mnist", "settings": ["n128_m1"], "trials": [0, 1], "evals": 50,
-            "train_eval_size": 5000},
+    # cpu: 5 trials (the gaps to FedBuff are within twice the seed noise); besides the paper's two levels, sd 10: more
+    # skewed rates (truncated at 0; the fastest 20% of the clients
+    # make about 38% of the uploads, against 32% at sd 5), the participation imbalance AREA's memory is about
+    "cpu": {"dataset": "fashion_mnist", "settings": ["n128_m1"], "trials": [0, 1, 2, 3, 4], "evals": 50,
+            "train_eval_size": 5000, "rate_stds": [0.0, 5.0, 10.0]},
     "paper": {"dataset": "mnist", "settings": list(SETTINGS), "trials": list(range(10)), "evals": 200,
-              "train_eval_size": 60000},
+              "train_eval_size": 60000, "rate_stds": [0.0, 5.0]},
 }
 
 
@@ -667,8 +733,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--extras", action="store_true", help=f"add {', '.join(EXTRA_METHODS)} (not in the paper)")
     p.add_argument("--trials", type=int, default=None, help="number of trials (timing seeds 0..N-1)")
     p.add_argument("--rate-mean", type=float, default=10.0)
-    p.add_argument("--rate-stds", type=float, nargs="+", default=[0.0, 5.0],
-                   help="heterogeneity levels: sd of lambda_i ~ N(mean, sd^2) (paper: 0 and 5)")
+    p.add_argument("--rate-stds", type=float, nargs="+", default=None,
+                   help="heterogeneity levels: sd of lambda_i ~ N(mean, sd^2) (paper: 0 and 5; cpu: 0, 5 and 10)")
     p.add_argument("--alphas", type=float, nargs="+", default=None, help="one alpha grid for every method")
     p.add_argument("--nu", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=32)
@@ -688,6 +754,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     defaults = SCALES[args.scale]
     args.dataset = args.dataset or defaults["dataset"]
     args.settings = args.settings or defaults["settings"]
+    args.rate_stds = args.rate_stds or defaults["rate_stds"]
     if args.trials is None:
         args.trials = 1 if args.quick else len(defaults["trials"])
     if args.trials < 1:
@@ -740,12 +807,22 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], seconds: flo
     records = results["runs"]
     rows = summarize(records, args)
     table = format_tables(rows, args, seconds)
+    verdicts = setting_verdicts(records, rows, args)
+    table += "\n".join(verdict_section(records, verdicts, args)) + "\n"
     paper = [{"table": t, "method": m, "rate_std": s, "alpha": a, **v} for (t, m, s), d in PAPER.items()
              for a, v in d.items()]
     write_outputs(args.out, table, {"args": vars(args), "rows": rows, "checks": direction_checks(rows, args),
                                     "runs": records, "client_sizes": results["client_sizes"],
-                                    "rates": results["rates"], "paper": paper, "seconds": round(seconds, 1)})
+                                    "rates": results["rates"], "paper": paper,
+                                    "verdicts": {k: [verdict_json(v) for v in vs] for k, vs in verdicts.items()},
+                                    "seconds": round(seconds, 1)})
     plot(records, rows, args)
+    for setting in args.settings:
+        for std in args.rate_stds:
+            plot_methods(best_alpha_runs(records, rows, setting, std),
+                         os.path.join(args.out, f"claims_{setting}_sd{std:g}.png"),
+                         f"{DATASET_TITLES.get(args.dataset, args.dataset)} logreg, {setting}, "
+                         f"rates N({args.rate_mean:g}, {std:g}^2), each method at its best alpha")
     return table
 
 
