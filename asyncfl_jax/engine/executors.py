@@ -86,7 +86,7 @@ class UnrolledJobs:
     device trains its own part one job after another inside a ``shard_map`` over the mesh: every convolution is a
     dense one on its device's thread. (An earlier form vmapped the parts along an axis placed over the devices: each
     convolution became a grouped convolution over the parts' kernels, which XLA:CPU's partitioner did not split, so
-    it ran 10x slower than one device; docs/benchmarks.md, "shard_jobs for the CNN".)"""
+    it ran 10x slower than one device; docs/benchmarks.md, "Issue 24 leftovers".)"""
 
     shards: int = 1
     mesh: Any = None

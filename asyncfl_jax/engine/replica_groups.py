@@ -100,7 +100,7 @@ class GroupedChunk:
     replica ``lo`` (traced, so one program serves every group of a size), reads its replicas' slice, and writes their
     new carry back into the same buffers in place (``dynamic_update_slice``); only the small per-group records are
     joined. (Splitting the carry into groups and joining it again after each chunk cost 6-10% of an MLP chunk in
-    fresh 136 MB allocations and copies at R = 8; docs/benchmarks.md, "Replica groups: the split and join".)"""
+    fresh 136 MB allocations and copies at R = 8; docs/benchmarks.md, "Issue 24 leftovers".)"""
 
     fn: Callable[..., Any]
     in_axes: tuple[Any, ...]
