@@ -3,9 +3,9 @@
 With ``replica_batch = g`` (``simulate``, config ``replica_batch``, CLI ``--replica-batch``) a chunk computes the
 replicas ``g`` at a time: the host calls one compiled program, the vmapped chunk of ``g`` replicas, once per group of
 ``g`` replicas (the last one shorter when ``g`` does not divide ``R``); each call reads its group's slice of the whole
-carry and of the per-replica inputs and writes the group's new carry back into the whole carry's buffers in place. Each replica's arithmetic is that of the
-vmapped program of ``g`` replicas, so the results equal the plain vmap up to float rounding (a batched matmul may sum
-in another order). The initialization (the first jobs, an initialization round) stays one vmapped program over
+carry and of the per-replica inputs and writes the group's new carry back into the whole carry's buffers in place.
+Each replica's arithmetic is that of the vmapped program of ``g`` replicas, so the results equal the plain vmap up to
+float rounding (a batched matmul may sum in another order). The initialization (the first jobs, an initialization round) stays one vmapped program over
 every replica: it runs once.
 
 Why on a CPU (docs/benchmarks.md, "Replicas"): one replica's chunk already keeps the cores busy through the threading
