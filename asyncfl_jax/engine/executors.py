@@ -103,6 +103,9 @@ class UnrolledJobs:
     def _sharded(self, fn: Callable[..., Any], in_axes: Sequence[int | None], *args: Any) -> Any:
         from jax.sharding import PartitionSpec
 
+        if self.mesh is None or self.mesh.size != self.shards:
+            raise ValueError(f"UnrolledJobs over {self.shards} devices needs a mesh of as many devices (its axis "
+                             f"'jobs'), got {self.mesh!r}")
         width, parts = _width(in_axes, args), self.shards
         padded_width = -(-width // parts) * parts
 
