@@ -181,14 +181,19 @@ class ChunkTimer:
     def __init__(self, algorithm, probe=None):
         self.algorithm, self.probe = algorithm, probe
         self.seconds, self.probes, self.first_params = [], [], None
+        self.cpu_seconds: list[float] = []  # process CPU time (all threads) from one chunk's end to the next's
+        self._cpu_mark = None
 
     def on_chunk(self, loop, update):
+        now = time.process_time()
+        self.cpu_seconds.append(now - self._cpu_mark if self._cpu_mark is not None else math.nan)
         self.seconds.append(update.seconds)
         if self.first_params is None:
             server = jax.tree_util.tree_map(lambda a: a[0], loop.state.carry.server)
             self.first_params = np.asarray(self.algorithm.params(server))
         if self.probe is not None:
             self.probes.append(self.probe())
+        self._cpu_mark = time.process_time()  # the probe's own CPU time left out
 
 
 def window_summary(flush: np.ndarray, lookahead: int, width: int) -> dict[str, Any]:
@@ -306,6 +311,9 @@ def bench_engine(task, algorithm, local, schedule, chunk_len: int, hp_replicas, 
         "chunk_jobs": [int((schedule.dispatch_clients[c * chunk_len:(c + 1) * chunk_len] >= 0).sum()) for c in timed],
         "matmul_gflops_after_chunk": probes,
         "best_chunk_updates_per_second": arrivals * R / len(timed) / min(chunk_seconds),
+        # process CPU seconds (all threads) per client update over the timed chunks (their evaluations included)
+        "cpu_seconds_per_upload": float(np.sum(timer.cpu_seconds[1:])) / max(arrivals * R, 1)
+        if len(timer.cpu_seconds) > 1 else math.nan,
         "num_slots": schedule.num_slots,
         "dispatch_width": schedule.dispatch_width,
         "memory_budget": budget.as_dict(),

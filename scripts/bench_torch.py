@@ -256,6 +256,7 @@ def run_fedbuff(model_name: str, clients: list[tuple[torch.Tensor, torch.Tensor]
         if t == warmup:
             sync()
             t0 = seg_t0 = time.perf_counter()
+            cpu0 = time.process_time()
             arrivals = jobs = seg_arrivals = 0
         for c, s in zip(schedule["dispatch_clients"][t].tolist(), schedule["dispatch_slots"][t].tolist()):
             if c >= 0:  # 1. dispatch: train now from x_t, keep the message under its slot
@@ -278,6 +279,7 @@ def run_fedbuff(model_name: str, clients: list[tuple[torch.Tensor, torch.Tensor]
             seg_t0, seg_arrivals = now, arrivals
     sync()
     end = time.perf_counter()
+    cpu_seconds = time.process_time() - cpu0 if steps > warmup else float("nan")
     seconds = end - t0
     timed = steps - warmup
     return global_model, {
@@ -286,6 +288,7 @@ def run_fedbuff(model_name: str, clients: list[tuple[torch.Tensor, torch.Tensor]
         "updates_per_second": arrivals / seconds if seconds > 0 else float("nan"),
         "jobs_per_second": jobs / seconds if seconds > 0 else float("nan"),
         "best_segment_updates_per_second": max(segment_rates) if segment_rates else float("nan"),
+        "cpu_seconds_per_upload": cpu_seconds / arrivals if arrivals else float("nan"),  # process CPU, all threads
     }
 
 

@@ -179,10 +179,14 @@ def steady_state(name: str, ds: Any, parts: list[np.ndarray], plan: tuple[int, i
         tr["gflops"] = tr["timed_jobs"] * flops / tr["run_seconds"] / 1e9
         tr["engine_over_torch_best"] = eng["best_chunk_updates_per_second"] / tr["best_segment_updates_per_second"]
         tr["engine_over_torch"] = eng["updates_per_second"] / tr["updates_per_second"]
+        # CPU-seconds per client update, engine / this PyTorch loop (issue 24: at most 0.8x for the MLP)
+        tr["engine_cpu_per_upload_over_torch"] = eng.get("cpu_seconds_per_upload", float("nan")) / tr.get(
+            "cpu_seconds_per_upload", float("nan"))
         res["torch"][str(n_threads)] = tr
         log(f"  [{name}] PyTorch {n_threads} thread(s): {tr['updates_per_second']:.1f} updates/s (best segment "
                   f"{tr['best_segment_updates_per_second']:.1f}), {tr['gflops']:.2f} GFLOP/s -> engine / PyTorch "
-                  f"{tr['engine_over_torch_best']:.2f}x (whole runs {tr['engine_over_torch']:.2f}x)")
+                  f"{tr['engine_over_torch_best']:.2f}x (whole runs {tr['engine_over_torch']:.2f}x); CPU-s per "
+                  f"update engine / PyTorch {tr['engine_cpu_per_upload_over_torch']:.2f}x")
     best = max(res["torch"].values(), key=lambda r: r["best_segment_updates_per_second"])
     res["engine_over_best_torch"] = best["engine_over_torch_best"]
     if name == "cnn" and "1" in res["torch"]:

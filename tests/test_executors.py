@@ -106,3 +106,10 @@ def test_unrolled_and_grouped_jobs_give_the_same_results():
     want = VmapJobs().map(fn, (None, 0, 0), x, c, k)
     np.testing.assert_allclose(UnrolledJobs().map(fn, (None, 0, 0), x, c, k), want, rtol=1e-6)
     np.testing.assert_allclose(GroupedJobs(3).map(fn, (None, 0, 0), x, c, k), want, rtol=1e-6)
+
+
+def test_unrolled_jobs_over_devices_without_a_mesh_is_refused():
+    """The shard_jobs form needs the job mesh of as many devices (make_job_executor builds it); without one it is a
+    clear error, not shard_map's."""
+    with pytest.raises(ValueError, match="needs a mesh"):
+        UnrolledJobs(shards=3).map(lambda x: x, (0,), jnp.arange(3.0))

@@ -66,18 +66,18 @@ def test_grouped_chunks_with_shared_and_nested_arguments():
     import jax
     import jax.numpy as jnp
 
-    def fn(a, tree, shared):
-        return {"sum": a + tree["x"] * shared, "y": tree["y"][0]}
+    def fn(carry, tree, shared):  # a chunk: (new carry, records)
+        return {"a": carry["a"] + tree["x"] * shared, "b": carry["b"] * 2}, {"y": tree["y"][0]}
 
     def args():  # fresh arrays each time: the first argument (the carry) is donated
-        return jnp.arange(5.0), {"x": jnp.arange(5.0) * 10, "y": (jnp.ones((5, 2)), jnp.zeros(3))}, jnp.float32(2.0)
+        return ({"a": jnp.arange(5.0), "b": jnp.ones((5, 3))},
+                {"x": jnp.arange(5.0) * 10, "y": (jnp.arange(10.0).reshape(5, 2), jnp.zeros(3))}, jnp.float32(2.0))
 
     axes = (0, {"x": 0, "y": (0, None)}, None)
     expected = jax.vmap(fn, in_axes=axes)(*args())
     for g in (1, 2, 4, 5):
         got = GroupedChunk(fn, axes, g, 5).lower(*args()).compile()(*args())
-        np.testing.assert_array_equal(got["sum"], expected["sum"])
-        np.testing.assert_array_equal(got["y"], expected["y"])
+        jax.tree_util.tree_map(np.testing.assert_array_equal, got, expected)
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])

@@ -86,7 +86,7 @@ class UnrolledJobs:
     device trains its own part one job after another inside a ``shard_map`` over the mesh: every convolution is a
     dense one on its device's thread. (An earlier form vmapped the parts along an axis placed over the devices: each
     convolution became a grouped convolution over the parts' kernels, which XLA:CPU's partitioner did not split, so
-    it ran 10x slower than one device; docs/benchmarks.md, "shard_jobs for the CNN".)"""
+    it ran 10x slower than one device; docs/benchmarks.md, "Issue 24 leftovers".)"""
 
     shards: int = 1
     mesh: Any = None
@@ -103,6 +103,9 @@ class UnrolledJobs:
     def _sharded(self, fn: Callable[..., Any], in_axes: Sequence[int | None], *args: Any) -> Any:
         from jax.sharding import PartitionSpec
 
+        if self.mesh is None or self.mesh.size != self.shards:
+            raise ValueError(f"UnrolledJobs over {self.shards} devices needs a mesh of as many devices (its axis "
+                             f"'jobs'), got {self.mesh!r}")
         width, parts = _width(in_axes, args), self.shards
         padded_width = -(-width // parts) * parts
 

@@ -1,11 +1,11 @@
 """Replicas in groups: the chunk program of a group of replicas, called by the host once per group.
 
 With ``replica_batch = g`` (``simulate``, config ``replica_batch``, CLI ``--replica-batch``) a chunk computes the
-replicas ``g`` at a time: the host splits the carry and the per-replica inputs into groups of ``g`` replicas (the last
-one shorter when ``g`` does not divide ``R``), calls one compiled program, the vmapped chunk of ``g`` replicas, on
-each group, and puts the groups' results back together on the replica axis. Each replica's arithmetic is that of the
-vmapped program of ``g`` replicas, so the results equal the plain vmap up to float rounding (a batched matmul may sum
-in another order). The initialization (the first jobs, an initialization round) stays one vmapped program over
+replicas ``g`` at a time: the host calls one compiled program, the vmapped chunk of ``g`` replicas, once per group of
+``g`` replicas (the last one shorter when ``g`` does not divide ``R``); each call reads its group's slice of the whole
+carry and of the per-replica inputs and writes the group's new carry back into the whole carry's buffers in place.
+Each replica's arithmetic is that of the vmapped program of ``g`` replicas, so the results equal the plain vmap up to
+float rounding (a batched matmul may sum in another order). The initialization (the first jobs, an initialization round) stays one vmapped program over
 every replica: it runs once.
 
 Why on a CPU (docs/benchmarks.md, "Replicas"): one replica's chunk already keeps the cores busy through the threading
@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # On a CPU, replicas are grouped so that a group's local training per server step is about this many FLOPs: below
 # it the vmap's savings on the per-step overhead win, above it the lost threading and cache do. Measured on 2 cores
@@ -77,13 +78,29 @@ def join_replicas(groups: Sequence[Any]) -> Any:
     return jax.tree_util.tree_map(lambda *parts: jnp.concatenate(parts, axis=0), *groups)
 
 
+def _take(axes: Sequence[Any], args: Sequence[Any], lo: jax.Array, size: int) -> list[Any]:
+    """Replicas ``lo:lo + size`` (``lo`` traced) of every argument mapped over the replica axis; the shared ones (None)
+    as they are."""
+    def part(ax: Any, arg: Any) -> Any:
+        return jax.tree_util.tree_map(
+            lambda a, sub: sub if a is None else jax.tree_util.tree_map(
+                lambda x: jax.lax.dynamic_slice_in_dim(x, lo, size), sub), ax, arg, is_leaf=_is_axis)
+
+    return [part(ax, arg) for ax, arg in zip(axes, args)]
+
+
 @dataclasses.dataclass
 class GroupedChunk:
-    """A chunk function ``fn`` over the replica axis, computed ``size`` replicas at a time by the host: the same
-    ``lower(*args).compile()(*args)`` interface as a jitted function, so the host loop treats both alike.
+    """A chunk function ``fn(carry, *args) -> (carry, records)`` over the replica axis, computed ``size`` replicas at a
+    time by the host: the same ``lower(*args).compile()(*args)`` interface as a jitted function, so the host loop
+    treats both alike.
 
-    ``in_axes`` are those of the vmap (0: per replica, None: shared); each group's carry (a slice the split made) is
-    donated to its program."""
+    ``in_axes`` are those of the vmap (0: per replica, None: shared; the carry's entry is 0). The carry of every
+    replica stays one set of buffers: each group's program takes the whole carry (donated) and the group's first
+    replica ``lo`` (traced, so one program serves every group of a size), reads its replicas' slice, and writes their
+    new carry back into the same buffers in place (``dynamic_update_slice``); only the small per-group records are
+    joined. (Splitting the carry into groups and joining it again after each chunk cost 6-10% of an MLP chunk in
+    fresh 136 MB allocations and copies at R = 8; docs/benchmarks.md, "Issue 24 leftovers".)"""
 
     fn: Callable[..., Any]
     in_axes: tuple[Any, ...]
@@ -91,13 +108,23 @@ class GroupedChunk:
     num_replicas: int
 
     def __post_init__(self) -> None:
+        if self.in_axes[0] != 0:
+            raise ValueError(f"a grouped chunk's carry (argument 0) must be per replica, got in_axes {self.in_axes!r}")
         self.bounds = group_bounds(self.num_replicas, self.size)
-        self.group_fn = jax.jit(jax.vmap(self.fn, in_axes=self.in_axes), donate_argnums=(0,))
-        mapped = tuple(i for i, ax in enumerate(self.in_axes) if ax is not None)
-        self.mapped = mapped
-        axes = tuple(self.in_axes[i] for i in mapped)
-        self.split = jax.jit(lambda *args: [slice_replicas(args, axes, lo, hi) for lo, hi in self.bounds])
+        self.group_fns = {hi - lo: self._group_program(hi - lo) for lo, hi in self.bounds}
         self.join = jax.jit(join_replicas)
+
+    def _group_program(self, size: int) -> Callable[..., Any]:
+        vmapped = jax.vmap(self.fn, in_axes=self.in_axes)
+
+        def group(carry: Any, lo: jax.Array, *args: Any) -> tuple[Any, Any]:
+            parts = _take(self.in_axes, (carry, *args), lo, size)
+            new, records = vmapped(*parts)
+            carry = jax.tree_util.tree_map(lambda whole, p: jax.lax.dynamic_update_slice_in_dim(whole, p, lo, 0),
+                                           carry, new)
+            return carry, records
+
+        return jax.jit(group, donate_argnums=(0,))
 
     def lower(self, *args: Any) -> "_GroupedLowered":
         return _GroupedLowered(self, args)
@@ -109,37 +136,26 @@ class _GroupedLowered:
     args: tuple[Any, ...]
 
     def compile(self) -> "GroupedCompiled":
-        chunk, programs = self.chunk, {}
-        for lo, hi in chunk.bounds:
-            if hi - lo not in programs:
-                group_args = _group_args(chunk, self.args, slice_replicas(
-                    [self.args[i] for i in chunk.mapped], [chunk.in_axes[i] for i in chunk.mapped], lo, hi))
-                shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), group_args)
-                programs[hi - lo] = chunk.group_fn.lower(*shapes).compile()
-        return GroupedCompiled(chunk, programs)
-
-
-def _group_args(chunk: GroupedChunk, args: Sequence[Any], mapped_parts: Sequence[Any]) -> list[Any]:
-    """The arguments of one group's call: its slices of the mapped arguments, the shared ones as they are."""
-    out, parts = list(args), iter(mapped_parts)
-    for i in chunk.mapped:
-        out[i] = next(parts)
-    return out
+        shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.args)
+        lo = jax.ShapeDtypeStruct((), jnp.int32)
+        programs = {size: fn.lower(shapes[0], lo, *shapes[1:]).compile() for size, fn in self.chunk.group_fns.items()}
+        return GroupedCompiled(self.chunk, programs)
 
 
 @dataclasses.dataclass
 class GroupedCompiled:
-    """The compiled group programs (one per group size); called like the compiled vmapped chunk."""
+    """The compiled group programs (one per group size); called like the compiled vmapped chunk (the carry, argument
+    0, is donated)."""
 
     chunk: GroupedChunk
     programs: dict[int, Any]
 
-    def __call__(self, *args: Any) -> Any:
-        chunk = self.chunk
-        groups = chunk.split(*[args[i] for i in chunk.mapped])
-        outputs = [self.programs[hi - lo](*_group_args(chunk, args, parts))
-                   for (lo, hi), parts in zip(chunk.bounds, groups)]
-        return chunk.join(outputs)
+    def __call__(self, carry: Any, *args: Any) -> Any:
+        records = []
+        for lo, hi in self.chunk.bounds:
+            carry, group_records = self.programs[hi - lo](carry, np.int32(lo), *args)
+            records.append(group_records)
+        return carry, (records[0] if len(records) == 1 else self.chunk.join(records))
 
     def memory_analysis(self) -> Any:
         """The largest group program's analysis (the groups run one after another)."""
