@@ -28,8 +28,9 @@ speaking roles, ``shakespeare_lstm``) read LEAF's files or Flower's parquet file
 which nothing downloads: ``asyncfl run --preset asyncfeded/femnist/... --set data.path=<folder>`` runs when the files
 are there, and without them stops with exit code 2 saying how to get them (the check of ``config.validate``).
 
-CPU-scale CNN presets (``ca2fl/cpu_cnn/...``, ``ace/cpu_cnn/ace``, ``asyncfeded/cpu_cnn/...``): the papers' CNN
-experiments sized to run in minutes on 2 CPU cores, on the Debian Fashion-MNIST files (see ``_cpu_cnn_presets``);
+CPU-scale CNN presets (``ca2fl/cpu_cnn/...``, ``ace/cpu_cnn/ace``, ``asyncfeded/cpu_cnn/...``,
+``asynflc_ef/cpu_cnn/...``): the papers' CNN experiments sized to run in minutes on 2 CPU cores, on the Debian
+Fashion-MNIST files (see ``_cpu_cnn_presets``);
 each sets its own number of uploads (``arrivals``). AREA has none: its experiments use logistic regression only.
 
 Not reproduced: the paper decays the local learning rate by 0.995 (per local round, digest recommendation); here it
@@ -100,8 +101,11 @@ _ACE_ARRIVALS = 600
 
 def _cpu_cnn_presets() -> dict[str, dict[str, Any]]:
     """CA2FL (digest 003: its CIFAR CNN, eta_l = 0.01, eta = 1, boundary refill, Mc/M = 2; K = 5 steps of 32 instead
-    of 2 epochs of 50), ACE (digest 000: K = 1 gradient of batch 50, all clients active, eta = 0.2 sqrt(n / T)) and
-    AsyncFedED (digest 001, its FEMNIST column: the FEMNIST CNN, K = 10 of batch 10, lr 0.01, momentum 0.5)."""
+    of 2 epochs of 50), ACE (digest 000: K = 1 gradient of batch 50, all clients active, eta = 0.2 sqrt(n / T)),
+    AsyncFedED (digest 001, its FEMNIST column: the FEMNIST CNN, K = 10 of batch 10, lr 0.01, momentum 0.5) and
+    AsynFLC-EF (digest 004, its CIFAR-10 CNN row: plain SGD at lr 0.01, top-k 3% with error feedback against
+    uncompressed AsynFL, the buffered protocol of algorithms/defaults.py; K = 5 steps of 32 instead of the paper's
+    unstated K with batch 128)."""
     ca2fl_local = {"steps": 5, "batch_size": 32, "lr": 0.01, "momentum": 0.0}
     ca2fl_model = {"name": "ca2fl_cnn"}
     ace_local = {"steps": 1, "batch_size": 50, "lr": 0.05, "momentum": 0.0}
@@ -129,6 +133,15 @@ def _cpu_cnn_presets() -> dict[str, dict[str, Any]]:
             "protocol": _ASYNC, "local": feded_local, "model": {"name": "femnist_cnn"}, "data": feded_data,
             "arrivals": 150},
     }
+    ef_local = {"steps": 5, "batch_size": 32, "lr": 0.01, "momentum": 0.0}
+    runs.update({
+        "asynflc_ef/cpu_cnn/asynflc_ef": {"algorithm": "asynflc_ef", "options": {"compressor": "top_k"},
+                                          "hparams": {}, "protocol": _CA2FL_PROTOCOL, "local": ef_local,
+                                          "model": {"name": "cnn"}, "arrivals": 300},
+        "asynflc_ef/cpu_cnn/asynfl": {"algorithm": "asynfl", "options": {}, "hparams": {},
+                                      "protocol": _CA2FL_PROTOCOL, "local": ef_local, "model": {"name": "cnn"},
+                                      "arrivals": 300},
+    })
     assert lr == feded_local["lr"]
     return {name: {"label": name.split("/")[-1], "data": _CPU_CNN_DATA, **run} for name, run in runs.items()}
 
