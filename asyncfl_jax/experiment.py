@@ -332,7 +332,8 @@ def _run_all(cfg: ExperimentConfig, decision: str | None, files: bool, progress:
         if manifest is not None and decision != "continue" and not histories and not holds_results(manifest):
             with contextlib.suppress(OSError):  # the error that stopped the run is the one to report
                 outputs.remove_listed(manifest)  # a failed start: the folder goes back to holding no run
-            logger.info("%s: the run did not start; the files it had written there were removed", cfg.output)
+            logger.info("%s: the run stopped before it saved any result or checkpoint; the files it had written "
+                        "there were removed", cfg.output)
         raise
 
 
