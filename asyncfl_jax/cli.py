@@ -260,7 +260,6 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         raw["runs"] = [{"algorithm": args.algorithm, "options": {}, "hparams": {}}]
     for run in raw["runs"]:
         _apply_run_flags(run, args)
-    _refuse_repeated_names("--set", args.set)
     for item in args.set:
         set_option(raw, item)
     runs = raw.get("runs")

@@ -123,7 +123,6 @@ def test_the_initialization_is_checked_with_xla_memory_analysis_before_it_runs(m
     (["--option", "staleness=hinge", "--option", "staleness=constant"], "invalid option --option: 'staleness' is "
                                                                          "given twice"),
     (["--hparam", "=0.1"], "invalid option --hparam = '=0.1': expected NAME=VALUE"),
-    (["--set", "local.lr=0.1", "--set", "local.lr=0.2"], "invalid option --set: 'local.lr' is given twice"),
     (["--seeds", "0,,1"], "invalid option --seeds = '0,,1': must be comma-separated integers, without an empty"),
     (["--tensorboard", ""], "invalid option --tensorboard = '': give a folder for the event files"),
     (["--config", "{tmp}/twice.json"], "the key 'num_clients' appears twice in one object"),
