@@ -21,6 +21,14 @@ import tempfile
 
 import pytest
 
+from hypothesis import settings as hypothesis_settings
+
+# The property tests draw the same examples on every run (CI included), so that a run's outcome depends on the code
+# alone; `HYPOTHESIS_PROFILE=explore python -m pytest` searches new random examples instead, to look for bugs.
+hypothesis_settings.register_profile("derandomized", derandomize=True)
+hypothesis_settings.register_profile("explore", derandomize=False)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "derandomized"))
+
 ENV_VAR = "ASYNCFL_COMPILE_CACHE"  # asyncfl_jax.compile_cache.ENV_VAR, without importing jax in the controller
 _OWNED = pytest.StashKey[str]()  # the folder this process made (and deletes at the end)
 
