@@ -243,13 +243,10 @@ def _activation_bytes(cfg: ExperimentConfig, run: Any) -> int:
 
 def _devices(cfg: ExperimentConfig) -> int:
     """Devices the state is spread over (shard_replicas / shard_clients), else 1."""
+    from asyncfl_jax.engine.activations import devices_of
     from asyncfl_jax.engine.options import EngineOptions
 
-    if not EngineOptions.from_config(cfg).placement.splits_state:
-        return 1
-    import jax
-
-    return max(1, jax.device_count())
+    return devices_of(EngineOptions.from_config(cfg).placement)
 
 
 def check_memory(cfg: ExperimentConfig, estimate: MemoryEstimate | None = None) -> MemoryEstimate:

@@ -84,12 +84,11 @@ def replicas_trained_together(options: Any, replicas: int, backend: str) -> int:
         together = min(together, int(options.replica_batch))
     elif backend == "cpu" and not placement.splits_state:
         together = 1
-    return -(-together // _devices_of(placement))
+    return -(-together // devices_of(placement))
 
 
-def _devices_of(placement: Any) -> int:
-    import jax
-
+def devices_of(placement: Any) -> int:
+    """The devices a placement spreads the state over (``shard_replicas`` / ``shard_clients``: every device), else 1."""
     return max(1, jax.device_count()) if placement.splits_state else 1
 
 

@@ -172,12 +172,10 @@ def auto_executor(backend: str, kind: str) -> JobExecutor:
 
 
 def make_job_executor(spec: str | JobExecutor, model: Any, example: jax.Array, backend: str | None = None,
-                      shards: int = 1, constrain: Callable[[jax.Array], jax.Array] | None = None) -> JobExecutor:
+                      shards: int = 1) -> JobExecutor:
     """The executor ``spec`` asks for; ``"auto"`` chooses from ``backend`` (default ``jax.default_backend()``) and
     the model (``example``: one batch of inputs). ``shards``: the devices the jobs are spread over (``shard_jobs``:
-    every device, as :func:`~asyncfl_jax.engine.placement.job_sharding` lays them out; see :class:`UnrolledJobs`).
-    ``constrain`` (the placement's job constraint) is accepted for the callers' sake; the unrolled executor places
-    its parts with the mesh itself."""
+    every device, as :func:`~asyncfl_jax.engine.placement.job_sharding` lays them out; see :class:`UnrolledJobs`)."""
     spec = parse_job_executor(spec)
     if spec == "vmap":
         spec = VmapJobs()
@@ -185,7 +183,6 @@ def make_job_executor(spec: str | JobExecutor, model: Any, example: jax.Array, b
         spec = UnrolledJobs()
     elif spec == "auto":
         spec = auto_executor(backend or jax.default_backend(), model_kind(model, example))
-    del constrain
     if isinstance(spec, UnrolledJobs) and shards > 1:
         from asyncfl_jax.engine.placement import job_sharding
 

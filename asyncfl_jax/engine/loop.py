@@ -286,8 +286,7 @@ def _build_run(task: Task, algorithm: Algorithm, schedules: Any, local: LocalCon
     check_processes(placement)
     task = cast_task(task, precision)
     shards = jax.device_count() if isinstance(placement, ShardJobs) else 1
-    executor = make_job_executor(options.job_executor, task.model, task.train.features[:1], shards=shards,
-                                 constrain=placement.constrain_jobs)
+    executor = make_job_executor(options.job_executor, task.model, task.train.features[:1], shards=shards)
     program = timeline.program(task, algorithm, local, placement.constrain_jobs, executor)
     data = task_arrays(task)
     record, record_shape = trajectory_function(options.trajectory), None

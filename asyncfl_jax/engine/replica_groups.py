@@ -62,17 +62,6 @@ def _is_axis(a: Any) -> bool:
     return a is None or isinstance(a, int)
 
 
-def slice_replicas(args: Sequence[Any], in_axes: Sequence[Any], lo: int, hi: int) -> list[Any]:
-    """Replicas ``lo:hi`` of every argument mapped over the replica axis (``in_axes`` entry 0, a pytree prefix as
-    ``jax.vmap`` takes it); the shared ones (None) as they are."""
-    def part(axes: Any, arg: Any) -> Any:
-        return jax.tree_util.tree_map(
-            lambda ax, sub: sub if ax is None else jax.tree_util.tree_map(lambda a: a[lo:hi], sub),
-            axes, arg, is_leaf=_is_axis)
-
-    return [part(axes, arg) for axes, arg in zip(in_axes, args)]
-
-
 def join_replicas(groups: Sequence[Any]) -> Any:
     """The groups' outputs back together on the replica axis (every leaf has the replica axis first)."""
     return jax.tree_util.tree_map(lambda *parts: jnp.concatenate(parts, axis=0), *groups)
