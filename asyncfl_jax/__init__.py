@@ -55,7 +55,7 @@ from asyncfl_jax.task import Task, TaskArrays, make_task, task_arrays
 from asyncfl_jax.timing import DelayModel, Schedule, make_schedule, schedule_summary
 from asyncfl_jax.timing.clock import EventClock
 from asyncfl_jax.timing.traces import TraceDelays, load_device_trace, load_fedscale_traces
-from asyncfl_jax.usual_runs import default_schedules
+from asyncfl_jax.usual_runs import default_schedules, usual_hparams
 
 __version__ = "0.1.0"
 
@@ -111,6 +111,7 @@ __all__ = [
     "simulate",
     "task_arrays",
     "timing",
+    "usual_hparams",
     "with_server_optimizer",
     "write_results",
 ]

@@ -17,7 +17,9 @@ import os
 from typing import Any, Mapping
 
 from asyncfl_jax.algorithms import REGISTRY, get_algorithm
-from asyncfl_jax.algorithms.defaults import EVAL_POINTS, RUN_DEFAULTS, eval_every_for, run_hparam_defaults
+from asyncfl_jax.algorithms.defaults import EVAL_POINTS, RUN_DEFAULTS, eval_every_for
+from asyncfl_jax.client import LOCAL_HPARAMS
+from asyncfl_jax.engine.hparams import resolve_hparams
 from asyncfl_jax.engine.options import EngineOptions, OptionError
 from asyncfl_jax.errors import ConfigError, InputError  # noqa: F401 (ConfigError: importable from here)
 from asyncfl_jax.option_rules import UnreadOption, check_config
@@ -446,18 +448,10 @@ def resolve(cfg: ExperimentConfig) -> ExperimentConfig:
     for run, entry in zip(cfg.runs, raw["runs"]):
         algorithm = get_algorithm(run.algorithm, **run.options)
         entry["options"] = dict(algorithm.options)
-        entry["hparams"] = {**algorithm_defaults(run, algorithm.hyperparams, cfg.data.num_clients), **run.hparams}
+        merged = resolve_hparams(algorithm, run.hparams, concurrency=run_concurrency(run, cfg.data.num_clients))
+        written = [*(k for k in algorithm.hyperparams if k not in LOCAL_HPARAMS), *run.hparams]
+        entry["hparams"] = {k: merged[k] for k in dict.fromkeys(written)}  # local training's stay in `local`
     return ExperimentConfig.from_dict(raw)
-
-
-def algorithm_defaults(run: RunConfig, hyperparams: Mapping[str, float], num_clients: int) -> dict[str, float]:
-    """The run's defaults of the algorithm's own hyper-parameters ``hyperparams`` (the local-training ones belong to
-    the ``local`` section): the algorithm's values, those that follow the run (delay-adaptive ASGD's ``tau_c`` = the
-    run's concurrency) as :func:`~asyncfl_jax.algorithms.defaults.run_hparam_defaults` says."""
-    from asyncfl_jax.client import LOCAL_HPARAMS
-
-    defaults = {k: v for k, v in hyperparams.items() if k not in LOCAL_HPARAMS}
-    return run_hparam_defaults(defaults, run_concurrency(run, num_clients))
 
 
 def run_concurrency(run: RunConfig, num_clients: int) -> int:
@@ -712,8 +706,6 @@ def _validate_run(prefix: str, run: RunConfig, cfg: ExperimentConfig) -> None:
         algorithm = get_algorithm(run.algorithm, **run.options)
     except ValueError as e:
         raise ConfigError(f"invalid option {prefix}.options = {run.options!r}: {e}{_option_hint(e, run)}") from None
-    from asyncfl_jax.engine import resolve_hparams
-
     try:
         resolved = resolve_hparams(algorithm, run.hparams)
     except ValueError as e:

@@ -27,10 +27,11 @@ import numpy as np
 from asyncfl_jax import _signals, checkpoint, distributed, outputs
 from asyncfl_jax.algorithms import get_algorithm
 from asyncfl_jax.client import LocalConfig
-from asyncfl_jax.config import ConfigError, ExperimentConfig, RunConfig, algorithm_defaults, resolve, validate
+from asyncfl_jax.config import ConfigError, ExperimentConfig, RunConfig, resolve, run_concurrency, validate
 from asyncfl_jax.data.partition import partition as split_clients
 from asyncfl_jax.data.client_data import Dataset
 from asyncfl_jax.engine import simulate
+from asyncfl_jax.engine.hparams import resolve_hparams
 from asyncfl_jax.engine.options import EngineOptions
 from asyncfl_jax.models.core import make_model
 from asyncfl_jax.option_rules import check_config
@@ -205,8 +206,8 @@ def run_experiment(
         epochs=cfg.local.epochs,
         use_momentum=cfg.local.momentum > 0,
     )
-    hparams = {**cfg.local.hparams(), **algorithm_defaults(run, algorithm.hyperparams, cfg.data.num_clients),
-               **run.hparams}
+    hparams = resolve_hparams(algorithm, run.hparams, local=cfg.local.hparams(),
+                              concurrency=run_concurrency(run, cfg.data.num_clients))
     return simulate(
         task,
         algorithm,

@@ -51,3 +51,28 @@ def default_schedules(algorithm: Any, num_clients: int, seeds: Sequence[int] = (
                                       "delays": dict(delays), "runs": [raw], "seeds": list(seeds)})
     validate(cfg, check_files=False)  # a ConfigError (a ValueError) naming the option, the value and what is allowed
     return build_schedules(cfg, cfg.runs[0])
+
+
+def usual_hparams(algorithm: Any, num_clients: int, hparams: Mapping[str, Any] | None = None,
+                  protocol: Mapping[str, Any] | None = None,
+                  local: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The hyper-parameters ``asyncfl run`` gives the algorithm's usual run (for ``simulate(..., hparams=)`` with
+    :func:`default_schedules`' schedules): local training's (``local``: ``client_lr``, ``momentum``,
+    ``weight_decay``, what ``--lr`` / a configuration's ``local`` section set) < the algorithm's for the run's
+    concurrency (delay-adaptive ASGD's ``tau_c`` = the clients training at once) < ``hparams``, merged by
+    :func:`~asyncfl_jax.engine.hparams.resolve_hparams` as every entry point merges them. ``protocol``: protocol
+    fields over the algorithm's, as for :func:`default_schedules`.
+
+    ``simulate(hparams=...)`` alone keeps the algorithm's numbers (``tau_c`` = 10), since schedules carry no
+    protocol; this function gives the command line's."""
+    from asyncfl_jax.algorithms import get_algorithm
+    from asyncfl_jax.config import run_concurrency
+    from asyncfl_jax.engine.hparams import resolve_hparams
+
+    name = algorithm if isinstance(algorithm, str) else algorithm.name
+    raw = {"algorithm": name, "protocol": run_defaults(name).protocol_with(protocol)}
+    cfg = ExperimentConfig.from_dict({"data": dataclasses.asdict(DataConfig(num_clients=num_clients)),
+                                      "runs": [raw]})
+    validate(cfg, check_files=False)
+    built = get_algorithm(name) if isinstance(algorithm, str) else algorithm
+    return resolve_hparams(built, hparams, local=local, concurrency=run_concurrency(cfg.runs[0], num_clients))

@@ -10,6 +10,7 @@ import datetime
 import io
 import json
 import re
+import types
 
 import numpy as np
 import pytest
@@ -124,3 +125,46 @@ def test_a_folder_of_another_configuration_is_refused_with_a_few_differences(tmp
     assert len(message) < 500, message  # not the whole JSON of the runs
     lines = config_differences(saved.to_dict(), current.to_dict())
     assert all(len(line) < 160 for line in lines), lines
+
+
+@pytest.mark.parametrize("name, protocol, concurrency", [
+    ("fedbuff", {"concurrency": 10}, 10),
+    ("delay_adaptive_asgd", {}, 12),  # all_active: tau_c = every client
+    ("delay_adaptive_asgd", {"name": "concurrent", "concurrency": 7, "buffer_size": 1}, 7),
+])
+def test_the_cli_a_config_file_and_python_merge_the_same_hyper_parameters(monkeypatch, name, protocol, concurrency):
+    """Local training's defaults < the algorithm's for the run's concurrency < the run's own, merged alike by
+    ``asyncfl run``, a configuration file (resolved or not, through ``run_experiment``) and Python
+    (``usual_hparams`` for ``simulate``): the replicas' hyper-parameters are equal, delay-adaptive ASGD's ``tau_c``
+    following the concurrency."""
+    from asyncfl_jax import experiment
+    from asyncfl_jax.config import resolve
+    from asyncfl_jax.engine import make_replicas
+
+    given = {"server_lr": [0.5, 0.25]}
+    seen = []
+    monkeypatch.setattr(experiment, "simulate", lambda *a, **k: seen.append(k["hparams"]))
+
+    def through_run_experiment(cfg):
+        experiment.run_experiment(cfg, cfg.runs[0], None, [types.SimpleNamespace(num_steps=4)])
+        return make_replicas(afl.get_algorithm(name), [0, 1], seen.pop())
+
+    lr = 0.125 if name == "fedbuff" else 0.05  # delay-adaptive ASGD takes no local learning rate (the default)
+    lr_flags = ["--lr", str(lr)] if name == "fedbuff" else []
+    from_cli = cli.config_from_argv(["--algorithm", name, "--num-clients", "12", *lr_flags, "--seeds", "0,1",
+                                     "--hparam", "server_lr=0.5,0.25",
+                                     *(f for k, v in protocol.items() for f in ("--set", f"runs.protocol.{k}={v}"))])
+    validate(from_cli, check_files=False)
+    from_file = ExperimentConfig.from_dict({"data": {"num_clients": 12}, "local": {"lr": lr}, "seeds": [0, 1],
+                                            "runs": [{"algorithm": name, "hparams": given, "protocol": protocol}]})
+    resolved = resolve(from_cli)
+    python = make_replicas(afl.get_algorithm(name), [0, 1],
+                           afl.usual_hparams(name, 12, given, protocol=protocol, local={"client_lr": lr}))
+    runs = [through_run_experiment(c) for c in (from_cli, resolved, from_file, resolve(from_file))]
+    for replicas in runs:
+        assert [(r.seed, r.hparams) for r in replicas] == [(r.seed, r.hparams) for r in python]
+    assert {r.hparams["client_lr"] for r in python} == {lr}
+    assert [r.hparams["server_lr"] for r in python] == [0.5, 0.25, 0.5, 0.25]
+    if name == "delay_adaptive_asgd":
+        assert {r.hparams["tau_c"] for r in python} == {float(concurrency)}
+        assert resolved.runs[0].hparams["tau_c"] == concurrency  # config.json writes the run's default

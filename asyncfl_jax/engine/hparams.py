@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncfl_jax.algorithms.base import Algorithm
+from asyncfl_jax.algorithms.defaults import run_hparam_defaults
 from asyncfl_jax.client import LOCAL_HPARAMS, spelling_hint
 
 
@@ -20,9 +21,29 @@ def default_hparams(algorithm: Algorithm) -> dict[str, float]:
     return {**LOCAL_HPARAMS, **dict(algorithm.hyperparams)}
 
 
-def resolve_hparams(algorithm: Algorithm, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Defaults updated with ``overrides``; an unknown name is an error that suggests the closest valid one."""
-    known = default_hparams(algorithm)
+def resolve_hparams(algorithm: Algorithm, overrides: Mapping[str, Any] | None, *,
+                    local: Mapping[str, float] | None = None, concurrency: int | None = None) -> dict[str, Any]:
+    """The hyper-parameters of a run: the one place where their defaults are merged, for ``asyncfl run``, a
+    configuration file (:func:`~asyncfl_jax.config.resolve`, :func:`~asyncfl_jax.experiment.run_experiment`) and
+    :func:`~asyncfl_jax.engine.simulate` alike. Later layers win:
+
+    1. local training's defaults (:data:`~asyncfl_jax.client.LOCAL_HPARAMS`), with ``local`` over them (a
+       configuration's ``local`` section: ``client_lr``, ``momentum``, ``weight_decay``);
+    2. the algorithm's own defaults (``Algorithm.hyperparams``); given the run's ``concurrency`` (the clients training
+       at once under its protocol, :func:`~asyncfl_jax.config.run_concurrency`), those that follow the run take it
+       (:func:`~asyncfl_jax.algorithms.defaults.run_hparam_defaults`: delay-adaptive ASGD's ``tau_c``); without it
+       (Python's ``simulate``, which sees schedules, not a protocol) the algorithm's numbers;
+    3. ``overrides``: the run's explicit values (a list is a sweep).
+
+    A name of ``overrides`` the run does not read is an error that suggests the closest valid one (as is a name of
+    ``local`` that is not a local-training hyper-parameter)."""
+    for name in local or {}:
+        if name not in LOCAL_HPARAMS:
+            raise ValueError(f"{name!r} is not a local-training hyper-parameter (known: {sorted(LOCAL_HPARAMS)})")
+    own = dict(algorithm.hyperparams)
+    if concurrency is not None:
+        own = run_hparam_defaults(own, concurrency)
+    known = {**LOCAL_HPARAMS, **dict(local or {}), **own}
     for name in overrides or {}:
         if name not in known:
             close = difflib.get_close_matches(name, list(known), n=1)
