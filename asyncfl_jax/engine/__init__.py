@@ -40,7 +40,7 @@ from asyncfl_jax.engine.replicas import ReplicaSpec
 from asyncfl_jax.engine.simulate import simulate
 from asyncfl_jax.engine.step import (Carry, Program, SimulationOutput, build_program,
                                      freeze_diverged, keep_if_diverged, make_program, make_simulation)
-from asyncfl_jax.engine.stores import Lookahead, TrainAtArrival, TrainAtDispatch
+from asyncfl_jax.engine.stores import Lookahead, TrainAtArrival, TrainAtDispatch, presampled_store
 
 __all__ = [
     "Arrivals", "CSVLogger", "Carry", "Checkpoints", "ChunkUpdate", "ClockChunk", "DivergenceWarnings", "EngineOptions",
@@ -52,7 +52,8 @@ __all__ = [
     "build_program", "client_shardings", "default_hparams", "device_memory_bytes", "flush_buckets",
     "freeze_diverged", "job_arrivals", "job_sharding", "keep_if_diverged", "lookahead_plan", "lookahead_windows",
     "make_history", "make_placement", "make_program", "make_replicas", "make_simulation", "make_trainer",
-    "memory_budget", "metric_shapes", "per_client_leaves", "point_progress", "prepare_run", "progress_bar",
+    "memory_budget", "metric_shapes", "per_client_leaves", "point_progress", "prepare_run", "presampled_store",
+    "progress_bar",
     "replica_keys", "replica_shardings",
     "resolve_hparams", "schedule_arrays", "simulate", "slice_steps", "stack_hparams", "stack_schedules",
 ]

@@ -31,7 +31,7 @@ from asyncfl_jax.engine import jobs as jobs_lib
 from asyncfl_jax.engine.clocks import PresampledClock
 from asyncfl_jax.engine.jobs import (INIT_ROUND_STREAM, SERVER_STREAM, Jobs, Trainer, arrival_sizes, in_groups,
                                      make_trainer)
-from asyncfl_jax.engine.stores import Lookahead, TrainAtArrival, TrainAtDispatch
+from asyncfl_jax.engine.stores import StoreFactory, TrainAtDispatch, presampled_store, store_factory
 from asyncfl_jax.task import Task, TaskArrays, make_evaluator
 
 
@@ -239,27 +239,31 @@ def freeze_diverged(advance: Callable[..., tuple[Carry, Any]], clock: Any) -> Ca
     return frozen
 
 
-def make_program(task: Task, algorithm: Algorithm, local: LocalConfig, clock: Any, store_kind: str = "dispatch",
-                 num_slots: int = 1, lookahead: int = 1,
+def make_program(task: Task, algorithm: Algorithm, local: LocalConfig, clock: Any,
+                 store: StoreFactory | str = TrainAtDispatch, num_slots: int = 1, lookahead: int = 1,
                  constrain_jobs: Callable[[jax.Array], jax.Array] | None = None,
                  init_batch: int | None = None, record: Callable[[jax.Array], Any] | None = None,
-                 executor: Any = None, differentiable_steps: bool = False) -> Program:
-    """The :class:`Program` of a run: ``clock`` (:class:`PresampledClock` or :class:`InScanClock`) and the store
-    (``"dispatch"``: train at dispatch, ``"lookahead"``: lookahead batching over ``lookahead`` steps, ``"arrival"``:
-    train at arrival). ``constrain_jobs`` places a 1-D array of jobs over the devices. ``init_batch``: the group size
+                 executor: Any = None, differentiable_steps: bool = False, *,
+                 store_kind: str | None = None) -> Program:
+    """The :class:`Program` of a run: ``clock`` (:class:`PresampledClock` or :class:`InScanClock`) and ``store``, the
+    store's factory chosen by the caller (:mod:`asyncfl_jax.engine.stores`: :class:`TrainAtDispatch`, train at
+    dispatch; :func:`~asyncfl_jax.engine.stores.presampled_store` ``(L)``, lookahead batching over ``L`` steps;
+    :class:`~asyncfl_jax.engine.stores.TrainAtArrival`, train at arrival; the class ``Lookahead`` takes ``lookahead`` steps).
+    ``store_kind`` (or a string ``store``): the same by name, ``"dispatch"``, ``"lookahead"`` or ``"arrival"``.
+    ``constrain_jobs`` places a 1-D array of jobs over the devices. ``init_batch``: the group size
     of the jobs started before step 0 (default ``engine.jobs.INIT_BATCH``, read now). ``record``: the trajectory's
     function of the flat global model, recorded after every step (None: no trajectory, the program unchanged).
     ``executor``: how the jobs of a step are laid out (:mod:`asyncfl_jax.engine.executors`; default vmapped).
     ``differentiable_steps``: per-job step counts as masked loops (reverse-mode differentiable, see
     :func:`~asyncfl_jax.client.make_local_update`)."""
+    if store_kind is not None and store is not TrainAtDispatch:
+        raise ValueError(f"give the store as store or as store_kind, not both (got {store!r} and {store_kind!r})")
+    make_store = store_factory(store if store_kind is None else store_kind, lookahead)
     init_batch = jobs_lib.INIT_BATCH if init_batch is None else init_batch
     if isinstance(clock, PresampledClock):
         clock = dataclasses.replace(clock, init_batch=init_batch)
     trainer = make_trainer(task, algorithm, local, constrain_jobs, executor, differentiable_steps=differentiable_steps)
-    stores = {"dispatch": lambda: TrainAtDispatch(trainer, num_slots),
-              "lookahead": lambda: Lookahead(trainer, num_slots, lookahead),
-              "arrival": lambda: TrainAtArrival(trainer, num_slots)}
-    return Program(algorithm=algorithm, trainer=trainer, clock=clock, store=stores[store_kind](),
+    return Program(algorithm=algorithm, trainer=trainer, clock=clock, store=make_store(trainer, num_slots),
                    num_clients=task.num_clients, evaluate=make_evaluator(task.model, loss=task.loss),
                    init_batch=init_batch, record=record)
 
@@ -268,15 +272,15 @@ def build_program(task: Task, algorithm: Algorithm, local: LocalConfig, num_slot
                   lookahead: int = 1, constrain_jobs: Callable[[jax.Array], jax.Array] | None = None,
                   executor: Any = None, differentiable_steps: bool = False) -> Program:
     """The program of a run over a pre-sampled schedule with ``num_slots`` pending slots: train at dispatch, or
-    lookahead batching when ``lookahead > 1`` (the steps' ``plan`` must then be given, see
-    :func:`~asyncfl_jax.engine.inputs.lookahead_plan`). ``job_sharding`` (a sharding of a 1-D array) spreads the jobs
-    trained together at a step over devices (or ``constrain_jobs``, a placement's hook, places them)."""
+    lookahead batching when ``lookahead > 1`` (:func:`~asyncfl_jax.engine.stores.presampled_store`; the steps'
+    ``plan`` must then be given, see :func:`~asyncfl_jax.engine.inputs.lookahead_plan`). ``job_sharding`` (a
+    sharding of a 1-D array) spreads the jobs trained together at a step over devices (or ``constrain_jobs``, a
+    placement's hook, places them)."""
     constrain = constrain_jobs
     if job_sharding is not None:
         constrain = lambda a: jax.lax.with_sharding_constraint(a, job_sharding)  # noqa: E731
-    return make_program(task, algorithm, local, PresampledClock(), "lookahead" if lookahead > 1 else "dispatch",
-                        num_slots=num_slots, lookahead=lookahead, constrain_jobs=constrain, executor=executor,
-                        differentiable_steps=differentiable_steps)
+    return make_program(task, algorithm, local, PresampledClock(), presampled_store(lookahead), num_slots=num_slots,
+                        constrain_jobs=constrain, executor=executor, differentiable_steps=differentiable_steps)
 
 
 class SimulationOutput(NamedTuple):

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -240,3 +241,36 @@ class TrainAtArrival:
                     hp=jax.tree_util.tree_map(lambda a: a[slot], store.hp), steps=store.steps[slot][None])
         messages, memory = self.trainer.train(store.x[slot], jobs, carry.clients, key, data.train)
         return carry._replace(clients=memory), messages
+
+
+# ---------------------------------------------------------------------------------------------- choosing a store
+StoreFactory = Callable[[Trainer, int], Any]
+"""How a program makes its store: ``factory(trainer, num_slots) -> store``; a store class (:class:`TrainAtDispatch`,
+:class:`TrainAtArrival`) is one, and :func:`presampled_store` gives the pre-sampled clock's."""
+
+STORE_KINDS: Mapping[str, type] = MappingProxyType(
+    {"dispatch": TrainAtDispatch, "lookahead": Lookahead, "arrival": TrainAtArrival})
+"""The stores by the names ``make_program(..., store_kind=...)`` accepted before stores were passed as values."""
+
+
+def presampled_store(lookahead: int = 1) -> StoreFactory:
+    """The store of a pre-sampled schedule: train at dispatch (``lookahead == 1``), or lookahead batching over
+    ``lookahead`` steps."""
+    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
+        raise ValueError(f"lookahead must be an integer >= 1, got {lookahead!r}")
+    return TrainAtDispatch if lookahead == 1 else functools.partial(Lookahead, lookahead=lookahead)
+
+
+def store_factory(store: Any, lookahead: int = 1) -> StoreFactory:
+    """``store`` as a :data:`StoreFactory`: a factory as is; the class :class:`Lookahead` (or one of the names of
+    :data:`STORE_KINDS`) with ``lookahead`` steps. Anything else is a ``ValueError`` naming what is allowed."""
+    if isinstance(store, str):
+        if store not in STORE_KINDS:
+            raise ValueError(f"store_kind must be one of {sorted(STORE_KINDS)}, got {store!r}")
+        store = STORE_KINDS[store]
+    if store is Lookahead:
+        return functools.partial(Lookahead, lookahead=lookahead)
+    if not callable(store):
+        raise ValueError("store must be a store class (TrainAtDispatch, Lookahead, TrainAtArrival) or a function "
+                         f"(trainer, num_slots) -> store, got {store!r}")
+    return store

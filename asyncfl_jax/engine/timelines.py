@@ -22,12 +22,13 @@ import numpy as np
 from asyncfl_jax.algorithms.base import Algorithm
 from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.distributed import to_host
-from asyncfl_jax.engine.clocks import TRACE_NAMES, ClockChunk, InScanClock
+from asyncfl_jax.engine.clocks import TRACE_NAMES, ClockChunk, InScanClock, PresampledClock
 from asyncfl_jax.engine.hparams import Replica
 from asyncfl_jax.engine.replicas import PerReplica
 from asyncfl_jax.engine.inputs import (LookaheadPlan, ScheduleArrays, StepArrays, lookahead_plan, lookahead_summary,
                                        schedule_arrays, slice_steps, stack_schedules)
-from asyncfl_jax.engine.step import Program, build_program, make_program
+from asyncfl_jax.engine.step import Program, make_program
+from asyncfl_jax.engine.stores import TrainAtArrival, presampled_store
 from asyncfl_jax.task import Task
 from asyncfl_jax.timing.clock import EventClock, OpenJobs, Trace, realized_schedule, stack_tables
 from asyncfl_jax.timing.schedule import Schedule
@@ -96,6 +97,7 @@ class PresampledTimeline:
             self.inputs, self.num_slots = schedule_arrays(self.schedules[0]), self.schedules[0].num_slots
         else:
             self.inputs, self.num_slots = stack_schedules(self.schedules)
+        self.store = presampled_store(self.lookahead)  # train at dispatch, or lookahead batching
         axis = None if self.shared else 0
         self.input_axes: Any = axis
         self.chunk_axes: Any = axis
@@ -113,9 +115,9 @@ class PresampledTimeline:
 
     def program(self, task: Task, algorithm: Algorithm, local: LocalConfig, constrain_jobs: Any,
                 executor: Any = None) -> Program:
-        """Train at dispatch, or lookahead batching."""
-        return build_program(task, algorithm, local, self.num_slots, lookahead=self.lookahead,
-                             constrain_jobs=constrain_jobs, executor=executor)
+        """Train at dispatch, or lookahead batching (:attr:`store`, chosen from the options with the timeline)."""
+        return make_program(task, algorithm, local, PresampledClock(), self.store, num_slots=self.num_slots,
+                            constrain_jobs=constrain_jobs, executor=executor)
 
     def chunk_inputs(self, inputs: ScheduleArrays, start: int, stop: int, carry: Any) -> StepArrays:
         del carry
@@ -174,7 +176,7 @@ class EventClockTimeline:
     def program(self, task: Task, algorithm: Algorithm, local: LocalConfig, constrain_jobs: Any,
                 executor: Any = None) -> Program:
         """One slot per client; each job trained when it arrives."""
-        return make_program(task, algorithm, local, InScanClock(self.num_clients, local.steps), "arrival",
+        return make_program(task, algorithm, local, InScanClock(self.num_clients, local.steps), TrainAtArrival,
                             num_slots=self.num_clients, constrain_jobs=constrain_jobs, executor=executor)
 
     def chunk_inputs(self, inputs: Any, start: int, stop: int, carry: Any) -> ClockChunk:
