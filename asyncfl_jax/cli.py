@@ -503,28 +503,30 @@ def _resumed_config(args: argparse.Namespace) -> ExperimentConfig:
     return cfg
 
 
-def _check_output(cfg: ExperimentConfig, overwrite: bool) -> bool:
-    """Output safety before anything is loaded or compiled (read-only: what ``--overwrite`` deletes is deleted by
-    ``run_config`` under the folder's lock, once the data are loaded); returns whether to continue the run found
-    there (see :func:`asyncfl_jax.experiment.decide_output`)."""
-    from asyncfl_jax import distributed
-    from asyncfl_jax.experiment import decide_output, output_status
+def _check_output(cfg: ExperimentConfig, overwrite: bool, resume: bool) -> Any:
+    """Output safety before anything is loaded or compiled: the one decision of what writing to ``cfg.output`` does
+    (:func:`asyncfl_jax.outputs.output_decision`, read-only; a folder holding an unfinished run of this configuration
+    is continued), which ``run_config`` only confirms under the folder's lock (what ``--overwrite`` deletes is deleted
+    there, once the data are loaded)."""
+    from asyncfl_jax import distributed, outputs
+
+    decided = []
 
     def decide() -> str:
-        resume = not overwrite and output_status(cfg).kind == "unfinished"
-        return decide_output(cfg, overwrite=overwrite, resume=resume)
+        decided.append(outputs.output_decision(cfg, overwrite=overwrite, resume=resume, continue_unfinished=True))
+        return decided[0].kind
 
     # process 0 decides (it holds the folder's lock); in a multi-process run the others follow its decision
-    decision = distributed.from_primary(decide, ("new", "continue", "overwrite"))
+    kind = distributed.from_primary(decide, outputs.DECISIONS)
     if not distributed.is_primary():
-        return decision == "continue"
-    if decision == "overwrite":
+        return outputs.OutputDecision(cfg.output, kind, outputs.comparable(cfg.to_dict()), None)
+    if kind == "overwrite":
         print(f"asyncfl: --overwrite: the earlier results in {cfg.output} (those its manifest.json lists, nothing "
               "else) are deleted once the data are loaded")
-    if decision == "continue":
+    if kind == "continue" and not resume:
         print(f"asyncfl: {cfg.output} holds an unfinished run of this configuration: continuing it (finished runs are "
               "reused; --overwrite starts over)")
-    return decision == "continue"
+    return decided[0]
 
 
 def _check_out_path(out: str) -> None:
@@ -809,7 +811,7 @@ def _command(args: argparse.Namespace) -> int:
 
         cfg.output = args.out = new_output(cfg)
     _signals.check()
-    resume = True if args.resume is not None else _check_output(cfg, args.overwrite)
+    decision = _check_output(cfg, args.overwrite, resume=args.resume is not None)
 
     from asyncfl_jax.checkpoint import SimulationInterrupted
     from asyncfl_jax.experiment import run_config
@@ -829,10 +831,10 @@ def _command(args: argparse.Namespace) -> int:
           f"clients), model {cfg.model.name}; writing to {cfg.output}")
     try:
         with log_to_stderr():  # SIGINT/SIGTERM outside the simulation loop: _signals' handlers (main)
-            histories = run_config(cfg, progress=not args.no_progress, plot=not args.no_plot, resume=resume,
+            histories = run_config(cfg, progress=not args.no_progress, plot=not args.no_plot,
                                    checkpoints=not args.no_checkpoint, checkpoint_every=args.checkpoint_every,
-                                   checkpoint_interval=args.checkpoint_interval,
-                                   callbacks=callbacks, overwrite=args.overwrite and not resume)
+                                   checkpoint_interval=args.checkpoint_interval, callbacks=callbacks,
+                                   output_decision=decision)
     except SimulationInterrupted as e:
         print(f"asyncfl: {e}", file=sys.stderr)
         if e.checkpoint_dir is not None:

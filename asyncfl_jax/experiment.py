@@ -258,6 +258,7 @@ def run_config(
     overwrite: bool = False,
     checkpoint_interval: float | None = None,
     checkpoints: bool = True,
+    output_decision: outputs.OutputDecision | None = None,
 ) -> list[History]:
     """Validates, runs every run of the experiment and (optionally) writes the results to ``cfg.output`` (``None``: a
     new folder ``runs/<algorithms>-<YYYYmmdd-HHMMSS>``, :func:`new_output`).
@@ -270,7 +271,10 @@ def run_config(
     ``environment.json`` are written (so that a killed run can be resumed); each run saves its schedules,
     checkpoints into ``<output>/checkpoints/<run>/`` (unless ``checkpoints=False``) every ``checkpoint_interval``
     seconds (default 60) or every ``checkpoint_every`` evaluation chunks (at most one of the two) and, when it
-    finishes, saves its History there (and deletes its checkpoint). ``resume=True``
+    finishes, saves its History there (and deletes its checkpoint). ``output_decision``: the decision taken
+    before (:func:`~asyncfl_jax.outputs.output_decision`, as ``asyncfl run`` takes it before loading anything, in
+    place of ``resume`` and ``overwrite``): under the lock it is only confirmed, refused if the folder changed since
+    (:meth:`~asyncfl_jax.outputs.OutputDecision.confirm`). ``resume=True``
     continues an interrupted experiment: the saved Histories of finished runs are reused, the unfinished run continues
     from its checkpoint, and the results equal those of an uninterrupted run (timings aside). It refuses
     (``ConfigError``), before anything is recomputed or replaced, an output folder whose ``config.json`` holds another
@@ -289,15 +293,22 @@ def run_config(
     if not checkpointing and (checkpoint_every, checkpoint_interval) != (None, None):
         raise ConfigError("checkpoint_every and checkpoint_interval need checkpoints (write=True, checkpoints=True): "
                           "they would be ignored")
+    if output_decision is not None and (not write or resume or overwrite):
+        raise ValueError("output_decision says what writing does: give it with write=True and without resume or "
+                         "overwrite")
     if not write:
         return _run_all(cfg, None, False, progress, plot, None, False, callbacks)
     if cfg.output is None:
-        cfg = dataclasses.replace(cfg, output=new_output(cfg))
+        cfg = dataclasses.replace(cfg, output=new_output(cfg) if output_decision is None else output_decision.output)
     check_output_paths(cfg)
+
+    def decide() -> str:  # the decision taken before is confirmed, or taken now (the rules live in outputs.status)
+        if output_decision is not None:
+            return output_decision.confirm(cfg)
+        return outputs.output_decision(cfg, overwrite=overwrite, resume=resume, check_lock=files).kind
+
     with outputs.OutputLock(cfg.output) if files else contextlib.nullcontext():  # process 0 holds the lock
-        decision = distributed.from_primary(  # process 0 decides (it holds the lock); the others follow it
-            lambda: decide_output(cfg, overwrite=overwrite, resume=resume, check_lock=files),
-            ("new", "continue", "overwrite"))
+        decision = distributed.from_primary(decide, outputs.DECISIONS)  # process 0 decides; the others follow it
         distributed.sync("run_config:checked")  # every process looked at the output folder before anything is written
         return _run_all(cfg, decision, files, progress, plot, cadence if checkpointing else None,
                         decision == "continue", callbacks)

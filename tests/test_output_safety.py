@@ -348,3 +348,40 @@ def test_the_lock_is_released_when_a_run_is_interrupted(tmp_path, monkeypatch):
         experiment.run_config(cfg, progress=False, plot=False)
     # interrupted before anything was saved (no checkpoint, no finished run): the folder holds no run again
     assert not (out / outputs.LOCK_NAME).exists() and not out.exists()
+
+
+def test_the_output_decision_is_taken_once_and_a_folder_changed_since_is_refused(tmp_path, monkeypatch, capsys):
+    """``asyncfl run`` decides what writing to the folder does before anything is loaded; under the lock the decision
+    is only confirmed: a file that appeared in between (another program) stops the run before anything is written."""
+    out = tmp_path / "out"
+    real = cli._check_output
+
+    def then_someone_writes(cfg, overwrite, resume):
+        decision = real(cfg, overwrite, resume)
+        assert decision.kind == "new"
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+        return decision
+
+    monkeypatch.setattr(cli, "_check_output", then_someone_writes)
+    assert cli.main(["run", "--out", str(out), *TINY]) == 2
+    assert "changed after asyncfl checked it" in capsys.readouterr().err
+    assert snapshot(out) == {"notes.txt": b"mine"}  # nothing written, the lock released
+    monkeypatch.undo()
+
+    cfg = experiment.prepare_experiment(cli.config_from_argv(["--out", str(out), *TINY]))
+    with pytest.raises(ConfigError, match="holds no asyncfl results"):  # the same rules as before
+        outputs.output_decision(cfg)
+    decision = outputs.output_decision(cfg, overwrite=True)
+    assert decision.kind == "overwrite" and decision.confirm(cfg) == "overwrite"
+    (out / "notes.txt").write_text("mine, edited")  # a file of someone else counts by its name (a log: > DIR/log)
+    assert decision.confirm(cfg) == "overwrite"
+    (out / "config.json").write_text("{}")  # what the decision read
+    with pytest.raises(ConfigError, match="changed after asyncfl checked it"):
+        decision.confirm(cfg)
+    (out / "config.json").unlink()
+    other = experiment.prepare_experiment(cli.config_from_argv(["--out", str(out), *TINY, "--seeds", "0,1"]))
+    with pytest.raises(ValueError, match="another configuration: seeds"):
+        outputs.output_decision(cfg, overwrite=True).confirm(other)
+    with pytest.raises(ValueError, match="without resume or overwrite"):
+        experiment.run_config(cfg, progress=False, overwrite=True, output_decision=decision)

@@ -1,5 +1,6 @@
 """The output folder of ``asyncfl run --out DIR`` (and :func:`~asyncfl_jax.experiment.run_config`), all in this
-package: deciding whether a run may write there (:mod:`~asyncfl_jax.outputs.status`: :func:`decide_output`),
+package: deciding once whether a run may write there (:mod:`~asyncfl_jax.outputs.status`: :func:`output_decision`,
+confirmed under the lock by :meth:`OutputDecision.confirm`),
 writing it (:mod:`~asyncfl_jax.outputs.writing`, and the result files of :mod:`asyncfl_jax.results.writing`), its
 manifest (:mod:`~asyncfl_jax.outputs.manifest`), its lock (:mod:`~asyncfl_jax.outputs.lock`), the paths inside it
 (:mod:`~asyncfl_jax.outputs.paths`) and atomic files (:mod:`~asyncfl_jax.outputs.atomic`). Own files only.
@@ -42,9 +43,10 @@ from asyncfl_jax.outputs.paths import (LABEL_MAX_BYTES, RUNS_FOLDER, check_label
 # status and writing read the configuration (asyncfl_jax.config), which imports the engine, which imports this
 # package: they are imported on first use (PEP 562), so that importing the output folder's package never needs them.
 _LAZY = {
-    "status": ("OUTPUT_FILES", "SHOWN_DIFFERENCES", "OutputStatus", "check_output_paths", "check_saved_runs",
-               "check_unchanged", "comparable", "config_differences", "decide_output", "describe_differences",
-               "output_status", "resolved_dict", "run_targets", "saved_configurations"),
+    "status": ("DECISIONS", "OUTPUT_FILES", "SHOWN_DIFFERENCES", "OutputDecision", "OutputStatus",
+               "check_output_paths", "check_saved_runs", "check_unchanged", "comparable", "config_differences",
+               "decide_output", "describe_differences", "folder_state", "output_decision", "output_status",
+               "resolved_dict", "run_targets", "saved_configurations"),
     "writing": ("clean_output", "holds_results", "new_output", "save_realized_schedules", "save_schedules",
                 "start_writing"),
 }
@@ -61,12 +63,13 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "KINDS", "LABEL_MAX_BYTES", "LOCK_NAME", "MANIFEST_FORMAT", "MANIFEST_NAME", "OUTPUT_FILES", "RUNS_FOLDER",
-    "SHOWN_DIFFERENCES", "Manifest", "OutputLock", "OutputLockedError", "OutputStatus", "atomic", "atomic_file",
-    "bookkeeping_only", "check_label", "check_labels", "check_output_name", "check_output_paths", "check_saved_runs",
-    "check_unchanged", "checkpoint_dir_for", "clean_output", "comparable", "config_differences", "decide_output",
-    "describe_differences", "holds_results", "live_holder", "new_output", "new_output_folder", "output_status",
-    "path_inside", "read_lock", "refuse_if_locked", "relative_parts", "remove_listed", "remove_orphan_temporaries",
-    "remove_orphans_of", "resolved_dict", "run_targets", "save_figure", "save_realized_schedules", "save_schedules",
+    "DECISIONS", "KINDS", "LABEL_MAX_BYTES", "LOCK_NAME", "MANIFEST_FORMAT", "MANIFEST_NAME", "OUTPUT_FILES",
+    "RUNS_FOLDER", "SHOWN_DIFFERENCES", "Manifest", "OutputDecision", "OutputLock", "OutputLockedError",
+    "OutputStatus", "atomic", "atomic_file", "bookkeeping_only", "check_label", "check_labels", "check_output_name",
+    "check_output_paths", "check_saved_runs", "check_unchanged", "checkpoint_dir_for", "clean_output", "comparable",
+    "config_differences", "decide_output", "describe_differences", "folder_state", "holds_results", "live_holder",
+    "new_output", "new_output_folder", "output_decision", "output_status", "path_inside", "read_lock",
+    "refuse_if_locked", "relative_parts", "remove_listed", "remove_orphan_temporaries", "remove_orphans_of",
+    "resolved_dict", "run_targets", "save_figure", "save_realized_schedules", "save_schedules",
     "saved_configurations", "start_writing", "unlisted_targets", "write_atomic",
 ]

@@ -9,11 +9,12 @@ import glob
 import json
 import os
 import re
+import stat
 from typing import Any, Sequence
 
 from asyncfl_jax import checkpoint
 from asyncfl_jax.config import ConfigError, ExperimentConfig, resolve, validate
-from asyncfl_jax.outputs.lock import refuse_if_locked
+from asyncfl_jax.outputs.lock import LOCK_NAME, refuse_if_locked
 from asyncfl_jax.outputs.manifest import MANIFEST_NAME, Manifest, bookkeeping_only, unlisted_targets
 from asyncfl_jax.outputs.paths import check_labels, check_output_name, checkpoint_dir_for
 from asyncfl_jax.results.history_files import load_history
@@ -213,8 +214,92 @@ def check_saved_runs(cfg: ExperimentConfig) -> None:
             "deletes what the folder's manifest.json lists, where it has one)")
 
 
+DECISIONS = ("new", "continue", "overwrite")
+"""What writing a configuration to its output folder may do (:attr:`OutputDecision.kind`)."""
+
+WRITTEN_FOLDERS = ("schedules", "checkpoints", "client_metrics", "trajectory")
+"""The folders a run writes inside its output folder, whose content a decision reads (:func:`folder_state`)."""
+
+
+def folder_state(out: str) -> tuple | None:
+    """What :func:`output_decision` reads of the folder ``out``, to tell later whether it changed: the type, size,
+    inode and modification time of each entry at its top level and inside :data:`WRITTEN_FOLDERS` (symbolic links
+    below it not followed), the lock file apart (taking the lock writes it). Another file at the top level counts by
+    its name and type alone (its content is not the decision's: a log the command itself writes there, ``asyncfl run
+    ... > DIR/log.txt``, changes nothing). A missing folder and an empty one read alike (taking the lock makes the
+    folder); a path that is not a folder is ``None``."""
+    if not os.path.lexists(out):
+        return ()
+    if not os.path.isdir(out):
+        return None
+    entries = []
+    for folder, names, files in os.walk(out):
+        relative = os.path.relpath(folder, out)
+        for name in (*names, *files):
+            if relative == "." and name == LOCK_NAME:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(os.path.join(folder, name))
+                if relative == "." and name not in (*OUTPUT_FILES, MANIFEST_NAME, *WRITTEN_FOLDERS):
+                    entries.append((name, stat.S_IFMT(st.st_mode)))  # someone else's: its name and type
+                    continue
+                entries.append((os.path.normpath(os.path.join(relative, name)), st.st_mode, st.st_size, st.st_ino,
+                                st.st_mtime_ns))
+        if relative == ".":  # a folder of someone else: only its own entry counts
+            names[:] = [name for name in names if name in WRITTEN_FOLDERS]
+    return tuple(sorted(entries))
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputDecision:
+    """What writing a configuration to its output folder does, decided once by :func:`output_decision` before anything
+    is loaded or compiled: ``kind`` (one of :data:`DECISIONS`) for the folder ``output`` as it was then (``seen``,
+    :func:`folder_state`; ``None`` in the processes of a multi-process run other than process 0, which follow its
+    decision and never judge the folder) and the resolved configuration ``config`` (:func:`comparable`).
+
+    Under the folder's lock, :meth:`confirm` does not decide again: it checks that the folder and the configuration
+    are still those decided for."""
+
+    output: str
+    kind: str
+    config: dict[str, Any]
+    seen: tuple | None
+
+    def confirm(self, cfg: ExperimentConfig) -> str:
+        """:attr:`kind`, once the folder is found as it was when decided; a ``ConfigError`` when it changed since (a
+        file added, removed or rewritten by someone else), a ``ValueError`` for a decision taken for another
+        configuration or folder."""
+        if cfg.output is None or os.path.normpath(cfg.output) != os.path.normpath(self.output):
+            raise ValueError(f"this output decision was taken for {self.output!r}, not for {cfg.output!r}")
+        if comparable(cfg.to_dict()) != self.config:
+            raise ValueError(f"this output decision for {self.output!r} was taken for another configuration: "
+                             + describe_differences(config_differences(self.config, comparable(cfg.to_dict()))))
+        if self.seen is None:
+            raise ValueError("a decision followed from process 0 is confirmed by process 0 alone")
+        if folder_state(self.output) != self.seen:
+            raise ConfigError(f"{self.output} changed after asyncfl checked it (a file there was added, removed or "
+                              "rewritten by another program): nothing was written; run the command again, which "
+                              "looks at the folder anew")
+        return self.kind
+
+
+def output_decision(cfg: ExperimentConfig, overwrite: bool = False, resume: bool = False, check_lock: bool = True,
+                    continue_unfinished: bool = False) -> OutputDecision:
+    """The one decision of what writing ``cfg`` (resolved) to ``cfg.output`` does (read-only), taken before anything
+    is loaded (:func:`decide_output` says the rules); ``continue_unfinished`` (``asyncfl run`` without ``--resume``):
+    a folder holding an unfinished run of this configuration is continued as with ``resume``. The folder's state is
+    read first, so that a change while it is judged is caught by :meth:`OutputDecision.confirm` too."""
+    check_output_paths(cfg)
+    seen = folder_state(cfg.output)
+    if continue_unfinished and not overwrite and not resume:
+        resume = output_status(cfg).kind == "unfinished"
+    kind = _decide(cfg, overwrite, resume, check_lock)
+    return OutputDecision(cfg.output, kind, comparable(cfg.to_dict()), seen)
+
+
 def decide_output(cfg: ExperimentConfig, overwrite: bool = False, resume: bool = False, check_lock: bool = True) -> str:
-    """What writing ``cfg`` to ``cfg.output`` does, or a ``ConfigError`` saying why it cannot (read-only):
+    """The kind of :func:`output_decision`, whose rules are these: what writing ``cfg`` to ``cfg.output`` does, or a
+    ``ConfigError`` saying why it cannot (read-only):
 
     * "new": the folder is missing, empty, or holds only this package's bookkeeping (the lock file, the manifest,
       temporary files of a run killed during its first write);
@@ -226,8 +311,12 @@ def decide_output(cfg: ExperimentConfig, overwrite: bool = False, resume: bool =
     A folder locked by a live run is refused (:class:`~asyncfl_jax.outputs.OutputLockedError`), as is one that holds
     an unfinished run (unless ``resume``), finished or different results, or files of someone else (unless
     ``overwrite``)."""
+    return output_decision(cfg, overwrite=overwrite, resume=resume, check_lock=check_lock).kind
+
+
+def _decide(cfg: ExperimentConfig, overwrite: bool, resume: bool, check_lock: bool) -> str:
+    """The rules of :func:`decide_output` (``cfg``'s paths checked)."""
     out = cfg.output
-    check_output_paths(cfg)
     status = output_status(cfg)
     if status.kind == "not_a_folder":
         raise ConfigError(f"invalid option --out = {out!r}: it exists and is not a folder")
