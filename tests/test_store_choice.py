@@ -46,7 +46,7 @@ def test_the_store_is_a_value_and_the_old_names_give_the_same_stores(task):
 def test_a_wrong_store_is_refused_with_what_is_allowed(task):
     with pytest.raises(ValueError, match=r"store_kind must be one of \['arrival', 'dispatch', 'lookahead'\], got 'x'"):
         _store(task, store_kind="x")
-    with pytest.raises(ValueError, match="store must be a store class .* got 3"):
+    with pytest.raises(ValueError, match="make_store must be a store class .* got 3"):
         _store(task, 3)
     with pytest.raises(ValueError, match="not both"):
         _store(task, TrainAtArrival, store_kind="arrival")

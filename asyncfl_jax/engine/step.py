@@ -31,7 +31,7 @@ from asyncfl_jax.engine import jobs as jobs_lib
 from asyncfl_jax.engine.clocks import PresampledClock
 from asyncfl_jax.engine.jobs import (INIT_ROUND_STREAM, SERVER_STREAM, Jobs, Trainer, arrival_sizes, in_groups,
                                      make_trainer)
-from asyncfl_jax.engine.stores import StoreFactory, TrainAtDispatch, presampled_store, store_factory
+from asyncfl_jax.engine.stores import StoreFactory, TrainAtDispatch, as_store_factory, presampled_store
 from asyncfl_jax.task import Task, TaskArrays, make_evaluator
 
 
@@ -240,25 +240,27 @@ def freeze_diverged(advance: Callable[..., tuple[Carry, Any]], clock: Any) -> Ca
 
 
 def make_program(task: Task, algorithm: Algorithm, local: LocalConfig, clock: Any,
-                 store: StoreFactory | str = TrainAtDispatch, num_slots: int = 1, lookahead: int = 1,
+                 make_store: StoreFactory | str = TrainAtDispatch, num_slots: int = 1, lookahead: int = 1,
                  constrain_jobs: Callable[[jax.Array], jax.Array] | None = None,
                  init_batch: int | None = None, record: Callable[[jax.Array], Any] | None = None,
                  executor: Any = None, differentiable_steps: bool = False, *,
                  store_kind: str | None = None) -> Program:
-    """The :class:`Program` of a run: ``clock`` (:class:`PresampledClock` or :class:`InScanClock`) and ``store``, the
-    store's factory chosen by the caller (:mod:`asyncfl_jax.engine.stores`: :class:`TrainAtDispatch`, train at
-    dispatch; :func:`~asyncfl_jax.engine.stores.presampled_store` ``(L)``, lookahead batching over ``L`` steps;
-    :class:`~asyncfl_jax.engine.stores.TrainAtArrival`, train at arrival; the class ``Lookahead`` takes ``lookahead`` steps).
-    ``store_kind`` (or a string ``store``): the same by name, ``"dispatch"``, ``"lookahead"`` or ``"arrival"``.
+    """The :class:`Program` of a run: ``clock`` (:class:`PresampledClock` or :class:`InScanClock`) and its store,
+    made by ``make_store(trainer, num_slots)``, a factory the caller chooses (:mod:`asyncfl_jax.engine.stores`:
+    :class:`TrainAtDispatch`, train at dispatch; :func:`~asyncfl_jax.engine.stores.presampled_store` ``(L)``,
+    lookahead batching over ``L`` steps; :class:`~asyncfl_jax.engine.stores.TrainAtArrival`, train at arrival; the
+    class ``Lookahead`` takes ``lookahead`` steps). ``store_kind`` (or a string ``make_store``): the same by name,
+    ``"dispatch"``, ``"lookahead"`` or ``"arrival"``.
     ``constrain_jobs`` places a 1-D array of jobs over the devices. ``init_batch``: the group size
     of the jobs started before step 0 (default ``engine.jobs.INIT_BATCH``, read now). ``record``: the trajectory's
     function of the flat global model, recorded after every step (None: no trajectory, the program unchanged).
     ``executor``: how the jobs of a step are laid out (:mod:`asyncfl_jax.engine.executors`; default vmapped).
     ``differentiable_steps``: per-job step counts as masked loops (reverse-mode differentiable, see
     :func:`~asyncfl_jax.client.make_local_update`)."""
-    if store_kind is not None and store is not TrainAtDispatch:
-        raise ValueError(f"give the store as store or as store_kind, not both (got {store!r} and {store_kind!r})")
-    make_store = store_factory(store if store_kind is None else store_kind, lookahead)
+    if store_kind is not None and make_store is not TrainAtDispatch:
+        raise ValueError(f"give the store as make_store or as store_kind, not both (got {make_store!r} and "
+                         f"{store_kind!r})")
+    make_store = as_store_factory(make_store if store_kind is None else store_kind, lookahead)
     init_batch = jobs_lib.INIT_BATCH if init_batch is None else init_batch
     if isinstance(clock, PresampledClock):
         clock = dataclasses.replace(clock, init_batch=init_batch)

@@ -261,7 +261,7 @@ def presampled_store(lookahead: int = 1) -> StoreFactory:
     return TrainAtDispatch if lookahead == 1 else functools.partial(Lookahead, lookahead=lookahead)
 
 
-def store_factory(store: Any, lookahead: int = 1) -> StoreFactory:
+def as_store_factory(store: Any, lookahead: int = 1) -> StoreFactory:
     """``store`` as a :data:`StoreFactory`: a factory as is; the class :class:`Lookahead` (or one of the names of
     :data:`STORE_KINDS`) with ``lookahead`` steps. Anything else is a ``ValueError`` naming what is allowed."""
     if isinstance(store, str):
@@ -271,6 +271,6 @@ def store_factory(store: Any, lookahead: int = 1) -> StoreFactory:
     if store is Lookahead:
         return functools.partial(Lookahead, lookahead=lookahead)
     if not callable(store):
-        raise ValueError("store must be a store class (TrainAtDispatch, Lookahead, TrainAtArrival) or a function "
+        raise ValueError("make_store must be a store class (TrainAtDispatch, Lookahead, TrainAtArrival) or a function "
                          f"(trainer, num_slots) -> store, got {store!r}")
     return store
