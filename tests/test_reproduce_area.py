@@ -150,7 +150,7 @@ def _record(method, alpha, trial, acc, loss, times=(0.0, 1.0, 2.0), diverged=-1)
 
 
 def test_rho_retained_alphas_and_the_table(area):
-    args = area.parse_args(["--settings", "n4_m1", "--rate-stds", "0", "--methods", "AREA", "FedBuff",
+    args = area.parse_settings(["--settings", "n4_m1", "--rate-stds", "0", "--methods", "AREA", "FedBuff",
                             "--trials", "2", "--horizon", "2"])
     assert args.target == 0.75  # the cpu scale's Fashion-MNIST target
     args.target = 0.8
