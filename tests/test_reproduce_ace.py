@@ -76,9 +76,9 @@ def test_delay_models_and_dropout_schedules():
     from asyncfl_jax.timing import make_schedule
 
     args = ace.parse_settings(["--clients", "12", "--uploads", "200"])
-    model = ace.delay_model(args, 30.0)
+    model = ace.delay_model(args.delay_model, args.t_fix, 30.0)
     assert (model.speed, model.speed_value, model.noise, model.comm_time) == ("exponential", 30.0, "exponential", 1.0)
-    literal = ace.delay_model(ace.parse_settings(["--delay-model", "iid_exp"]), 5.0)
+    literal = ace.delay_model("iid_exp", 1.0, 5.0)
     assert (literal.speed, literal.speed_value, literal.comm_time) == ("constant", 5.0, 0.0)
     for method in ("ace", "fedbuff", "vanilla_asgd"):
         steps = ace.server_steps(args, method)
@@ -96,7 +96,8 @@ def test_delay_models_and_dropout_schedules():
     a, f = ace.make_method_schedule(args, "ace", 5.0, 0), ace.make_method_schedule(args, "fedbuff", 5.0, 0)
     np.testing.assert_array_equal(a.arrival_clients[:, 0], f.arrival_clients.reshape(-1))
     assert a.step_times[-1] == f.step_times[-1]
-    assert make_schedule("all_active", 12, 5, ace.delay_model(args, 5.0), 0).info["protocol"] == "all_active"
+    delays = ace.delay_model(args.delay_model, args.t_fix, 5.0)
+    assert make_schedule("all_active", 12, 5, delays, 0).info["protocol"] == "all_active"
 
 
 def _active_counts_by_search(schedule, tau):
@@ -147,8 +148,8 @@ def test_aced_active_counts_equal_the_definition_and_the_algorithms_active_set()
 
 
 def test_checks_compute_the_amplification_index_and_dropout_claims():
-    args = ace.parse_settings(["--methods", "ace", "fedbuff", "--dropout-fractions", "0", "0.5", "--alphas", "0.1", "0.3",
-                           "--betas", "5", "30"])
+    args = ace.parse_settings(["--methods", "ace", "fedbuff", "--dropout-fractions", "0", "0.5", "--alphas", "0.1",
+                               "0.3", "--betas", "5", "30"])
     acc = {("ace", 0.1, 5.0): 0.80, ("ace", 0.1, 30.0): 0.79, ("ace", 0.3, 5.0): 0.82, ("ace", 0.3, 30.0): 0.81,
            ("fedbuff", 0.1, 5.0): 0.78, ("fedbuff", 0.1, 30.0): 0.70, ("fedbuff", 0.3, 5.0): 0.80,
            ("fedbuff", 0.3, 30.0): 0.79}
@@ -181,7 +182,8 @@ def test_a_program_over_the_memory_budget_runs_in_halves(monkeypatch, capsys):
         return real(task, algorithm, schedules, **kwargs)
 
     monkeypatch.setattr(grid, "simulate", budgeted)  # the name the shared runner (run_grid) looks up
-    args = ace.parse_settings(["--clients", "10", "--uploads", "40", "--seeds", "0", "1", "--betas", "5", "--evals", "4"])
+    args = ace.parse_settings(["--clients", "10", "--uploads", "40", "--seeds", "0", "1", "--betas", "5", "--evals",
+                               "4"])
     data = synthetic_leaf(num_clients=30, seed=0)
     task = make_task(data, partition("dirichlet", data.train_y, 10, seed=0, alpha=0.3),
                      make_model("logreg", data.input_shape, data.num_classes))

@@ -60,7 +60,7 @@ def test_scales_and_argument_checks(repro, capsys):
 
 def test_method_plan_and_fedasync_hyperparameters(repro):
     args = repro.parse_settings(["--settings", "cifar10/resnet18_gn/0.3", "cifar10/resnet18_gn/0.1", "--methods",
-                             *repro.METHODS])
+                                 *repro.METHODS])
     first, second = args.settings
     assert [m.key for m in repro.methods_for(first, args)] == list(repro.METHODS)
     assert [m.key for m in repro.methods_for(second, args)] == ["asyncfl", "ca2fl", "mf8", "mf4"]
@@ -113,8 +113,8 @@ def test_run_metrics_final_tail_best_and_rounds_to_target(repro):
 def test_paper_path_reads_normalised_cifar_and_builds_the_paper_task(repro, tmp_path):
     tfds = pytest.importorskip("tensorflow_datasets")
     args = repro.parse_settings(["--scale", "paper", "--settings", "cifar10/ca2fl_cnn/0.1", "--clients", "4",
-                             "--concurrency", "2", "--buffer", "1", "--ablation-concurrency",
-                             "--ablation-buffer", "--data-dir", str(tmp_path)])
+                                 "--concurrency", "2", "--buffer", "1", "--ablation-concurrency",
+                                 "--ablation-buffer", "--data-dir", str(tmp_path)])
     # Not prepared: a clear error before anything runs, and no output folder.
     assert "cifar10 is not available" in repro.check_data(args)
     assert repro.main([*sys_args(args), "--out", str(tmp_path / "none")]) == 2

@@ -483,14 +483,15 @@ def run_dropout(setup: AceSettings) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ schedules
-def delay_model(setup: AceSettings, beta: float, dropout_fraction: float = 0.0,
+def delay_model(kind: str, t_fix: float, beta: float, dropout_fraction: float = 0.0,
                 dropout_time: float = math.inf) -> DelayModel:
-    """client_exp: persistent speed s_i ~ Exp(beta), job time t_fix + s_i Exp(1); iid_exp: every job Exp(beta)."""
+    """The delays of ``--delay-model`` ``kind``: ``client_exp``: persistent speed s_i ~ Exp(beta), job time
+    ``t_fix + s_i Exp(1)``; ``iid_exp``: every job Exp(beta) (``t_fix`` unused)."""
     drop = {"dropout_fraction": dropout_fraction, "dropout_time": dropout_time} if dropout_fraction > 0 else {}
-    if setup.delay_model == "iid_exp":
+    if kind == "iid_exp":
         return DelayModel(speed="constant", speed_value=beta, noise="exponential", noise_scale=1.0, **drop)
     return DelayModel(speed="exponential", speed_value=beta, noise="exponential", noise_scale=1.0,
-                      comm_time=setup.t_fix, **drop)
+                      comm_time=t_fix, **drop)
 
 
 def protocol_of(setup: AceSettings, method: str) -> tuple[str, dict]:
@@ -509,11 +510,13 @@ def make_method_schedule(setup: AceSettings, method: str, beta: float, seed: int
     trains on all clients for the first half of its run, and the events before then are those of 0%)."""
     name, options = protocol_of(setup, method)
     steps = server_steps(setup, method)
-    base = make_schedule(name, setup.clients, steps, delay_model(setup, beta), seed, **options)
+    base = make_schedule(name, setup.clients, steps, delay_model(setup.delay_model, setup.t_fix, beta), seed,
+                         **options)
     if fraction <= 0 or math.floor(fraction * setup.clients + 1e-9) < 1:
         return base
     drop_time = float(base.step_times[steps // 2 - 1])
-    return make_schedule(name, setup.clients, steps, delay_model(setup, beta, fraction, drop_time), seed, **options)
+    delays = delay_model(setup.delay_model, setup.t_fix, beta, fraction, drop_time)
+    return make_schedule(name, setup.clients, steps, delays, seed, **options)
 
 
 def aced_active_counts(schedule: Schedule, taus: list[float]) -> np.ndarray:
@@ -1234,10 +1237,11 @@ def setting_statistics(setup: AceSettings) -> dict:
         buf = [participation_stats(make_method_schedule(setup, "fedbuff", b, s)) for s in setup.seeds]
         out[b] = {k: float(np.mean([x[k] for x in ace])) for k in ("participation_cv", "share_at_most_one_upload",
                                                                       "max_over_median_uploads", "virtual_time")}
+        delays = delay_model(setup.delay_model, setup.t_fix, b)
         out[b]["fastest_share_ace"] = float(np.mean([schedule_fastest_share(
-            make_method_schedule(setup, "ace", b, s), delay_model(setup, b), s) for s in setup.seeds]))
+            make_method_schedule(setup, "ace", b, s), delays, s) for s in setup.seeds]))
         out[b]["fastest_share_fedbuff"] = float(np.mean([schedule_fastest_share(
-            make_method_schedule(setup, "fedbuff", b, s), delay_model(setup, b), s) for s in setup.seeds]))
+            make_method_schedule(setup, "fedbuff", b, s), delays, s) for s in setup.seeds]))
         out[b]["staleness_ace"] = f"{np.mean([x['staleness_mean'] for x in ace]):.1f}"
         out[b]["staleness_fedbuff"] = f"{np.mean([x['staleness_mean'] for x in buf]):.2f}"
     return out
