@@ -75,7 +75,8 @@ def test_argv_of_writes_each_kind_of_flag():
     p.add_argument("--opt", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--item", action="append", default=[])
     argv = argv_of(p, {"n": 3, "xs": [0.1, 2.0], "flag": True, "opt": False, "item": ["a", "b"]})
-    assert argv == ["--n", "3", "--xs", "0.1", "2.0", "--flag", "--no-opt", "--item", "a", "--item", "b"]
+    assert argv == ["--n=3", "--xs", "0.1", "2.0", "--flag", "--no-opt", "--item=a", "--item=b"]
     assert vars(p.parse_args(argv)) == {"n": 3, "xs": [0.1, 2.0], "flag": True, "opt": False, "item": ["a", "b"]}
     assert argv_of(p, {"flag": False, "xs": None}) == []  # the defaults
+    assert p.parse_args(argv_of(p, {"item": ["-a"]})).item == ["-a"]  # a value that looks like a flag
     assert issubclass(ace.AceSettings, ReproductionSettings)

@@ -69,7 +69,7 @@ def argv_of(parser: argparse.ArgumentParser, options: Mapping[str, Any]) -> list
     """The command line of ``parser`` that sets each of ``options`` (``dest: value``, the values as the flag takes
     them: a number, a string, a list for a flag of several values, a bool for a switch); ``None`` leaves an option at
     its default. An unknown name raises :class:`SettingsError` naming the known ones."""
-    actions = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
+    actions = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}  # argparse keeps them
     unknown = sorted(set(options) - set(actions))
     if unknown:
         raise SettingsError(f"unknown settings {unknown}; the options are {sorted(actions)}")
@@ -85,10 +85,9 @@ def argv_of(parser: argparse.ArgumentParser, options: Mapping[str, Any]) -> list
             if _switch(name, value) != action.default:
                 argv.append(flag)
         elif isinstance(action, argparse._AppendAction):
-            for item in _items(name, value):
-                argv += [flag, str(item)]
+            argv += [f"{flag}={item}" for item in _items(name, value)]  # "=": a value may start with "-"
         elif action.nargs is None or action.nargs == "?":
-            argv += [flag, str(value)]
+            argv.append(f"{flag}={value}")
         else:
             argv += [flag, *(str(v) for v in _items(name, value))]
     return argv
