@@ -77,7 +77,7 @@ import numpy as np
 
 from asyncfl_jax import (Algorithm, EventClock, History, LocalConfig, ReplicaSpec, Schedule, Task, get_algorithm,
                          make_model, make_task)
-from asyncfl_jax.data import synthetic_leaf
+from asyncfl_jax.data import Dataset, synthetic_leaf
 from asyncfl_jax.presets import get_preset
 from asyncfl_jax.reproduce.data import DataUnavailable
 from asyncfl_jax.reproduce.curves import finite_mean_std, first_passage, mean_on_grid
@@ -269,13 +269,17 @@ def mean_k(history: History, r: int, budget: float) -> float | None:
     return float(within.mean()) if within.size else None
 
 
+def task_dataset() -> Dataset:
+    """The data of every run: Synthetic(1, 1) with 10 clients (seed 0)."""
+    return synthetic_leaf(num_clients=10, alpha=1.0, beta=1.0, seed=0)
+
+
 def run_all(args: AsyncfededSettings) -> list[dict]:
     """Every program: AsyncFedED (main grid and ablation P), the constant-K ablation, the two FedAsyncs together and
     FedAvg / FedProx together, on Synthetic(1, 1) with the paper's MLP."""
-    dataset = synthetic_leaf(num_clients=10, alpha=1.0, beta=1.0, seed=0)
+    dataset = task_dataset()
     model = make_model("mlp", dataset.input_shape, dataset.num_classes, seed=0, hidden=(200, 200))
     task = make_task(dataset, dataset.natural_partition, model)
-    args.test_examples = int(len(dataset.test_y))
     presets = {m: get_preset(f"asyncfeded/{args.task}/{PRESETS[m]}") for m in METHODS}
     probs = list(args.probs)
     main = [(q, j, s) for j, q in enumerate(probs) for s in args.seeds]
@@ -406,13 +410,14 @@ def format_table(rows: list[dict], args: AsyncfededSettings) -> str:
     at = {(r["method"], r["prob"]): r for r in rows}
     methods = [m for m in METHODS if m in args.methods]
     probs = args.probs
+    test_examples = int(len(task_dataset().test_y))
     head = "| method | " + " | ".join(f"P = {p:g}" for p in probs) + " |"
     rule = "|" + "---|" * (len(probs) + 1)
     lines = [f"AsyncFedED reproduction: Synthetic(1, 1), 10 clients, MLP 60-200-200-10, budget {args.budget:g} units "
              f"of virtual time (one unit: the compute time of a 10-step job; communication {args.comm_time:g}; "
              f"suspension mean {args.suspension_mean:g}; synchronous rounds: {args.sync_suspensions}), "
-             f"mean ± std over seeds {args.seeds}. The test set has {args.test_examples} examples (accuracy moves in "
-             f"steps of {1 / args.test_examples:.4f}).", ""]
+             f"mean ± std over seeds {args.seeds}. The test set has {test_examples} examples (accuracy moves in "
+             f"steps of {1 / test_examples:.4f}).", ""]
     sections = (("Max test accuracy within the budget", "max_accuracy", 4),
                 ("Time to reach 90% of its own max accuracy", "time_to_90pct_max", 2),
                 (f"Time to reach test accuracy {args.target:g} (k/n: reached by k of n seeds, mean over those)",
@@ -601,7 +606,8 @@ def write_report(args: AsyncfededSettings, records: list[dict], seconds: float) 
     rows = summarize(records, args)
     seconds = round(seconds, 1)
     table = format_table(rows, args) + f"\nWall time: {seconds} s.\n"
-    write_outputs(args.out, table, {"args": vars(args), "results": rows, "checks": direction_checks(rows, args),
+    write_outputs(args.out, table, {"args": {**vars(args), "test_examples": int(len(task_dataset().test_y))},
+                                    "results": rows, "checks": direction_checks(rows, args),
                                     "runs": records, "seconds": seconds})
     plot(records, rows, args)
     return table
