@@ -68,7 +68,6 @@ Fig. 3 metrics and the time to the common target against P) and ``ablation.png``
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 from typing import Any, Callable
@@ -77,14 +76,13 @@ import numpy as np
 
 from asyncfl_jax import (Algorithm, EventClock, History, LocalConfig, ReplicaSpec, Schedule, Task, get_algorithm,
                          make_model, make_task)
-from asyncfl_jax.data import Dataset, synthetic_leaf
+from asyncfl_jax.data import synthetic_leaf
 from asyncfl_jax.presets import get_preset
 from asyncfl_jax.reproduce.data import DataUnavailable
 from asyncfl_jax.reproduce.curves import finite_mean_std, first_passage, mean_on_grid
 from asyncfl_jax.reproduce.grid import command_main, replica_runs, run_grid, setting_seed
 from asyncfl_jax.reproduce.report import (distinct_seeds_problem, label_axes, pyplot, round_up, save_png,
                                           write_outputs, yes_no)
-from asyncfl_jax.reproduce.settings import ReproductionSettings
 from asyncfl_jax.timing import DelayModel, all_active, build_past, steps_within, synchronous, wait_rounds
 
 METHODS = ("AsyncFedED", "FedAsync+Constant", "FedAsync+Hinge", "FedAvg", "FedProx")
@@ -151,13 +149,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------------------ virtual time
-def delay_model(args: AsyncfededSettings, prob: float, k_scale: float = 1.0) -> DelayModel:
+def delay_model(args: argparse.Namespace, prob: float, k_scale: float = 1.0) -> DelayModel:
     """Homogeneous compute (speed ``k_scale``), log-normal job noise, a fixed communication time, suspensions."""
     return DelayModel(speed="constant", speed_value=k_scale, noise="lognormal", noise_sigma=args.noise_sigma,
                       comm_time=args.comm_time, suspension_prob=prob, suspension_mean=args.suspension_mean)
 
 
-def async_steps(args: AsyncfededSettings, n: int, probs: list[float], seeds: list[int], k_scale: float = 1.0) -> int:
+def async_steps(args: argparse.Namespace, n: int, probs: list[float], seeds: list[int], k_scale: float = 1.0) -> int:
     """Server steps an all-active run of jobs ``k_scale`` times as long as a 10-step job needs to pass the budget on
     every (P, seed): the event clock's events are then those of ``all_active`` (exact, not an estimate)."""
     needed = 1
@@ -171,7 +169,7 @@ def async_steps(args: AsyncfededSettings, n: int, probs: list[float], seeds: lis
     return needed
 
 
-def sync_schedules(args: AsyncfededSettings, n: int, probs: list[float], seeds: list[int]) -> list[Schedule]:
+def sync_schedules(args: argparse.Namespace, n: int, probs: list[float], seeds: list[int]) -> list[Schedule]:
     """One synchronous schedule per (P, seed), all with the rounds that the slowest needs to pass the budget (so
     that they run as one vectorized program)."""
     def build(prob: float, seed: int, rounds: int) -> Schedule:
@@ -198,7 +196,7 @@ def local_config(preset: dict) -> tuple[LocalConfig, dict]:
 
 
 def run_group(task: Task, name: str, preset: dict, options: dict, hparams: dict, variants: list[tuple[str, dict]],
-              settings: list[tuple[float, int, int]], args: AsyncfededSettings, k_scale: float = 1.0) -> list[dict]:
+              settings: list[tuple[float, int, int]], args: argparse.Namespace, k_scale: float = 1.0) -> list[dict]:
     """Runs one compiled program: every (P, seed) setting x variant as a replica. ``variants`` are (label,
     hyper-parameter values) pairs; ``settings`` are (P, prob_index, seed), the replica's training seed
     ``setting_seed(prob_index, seed)``. Returns one record per replica with its evaluation times, accuracies and
@@ -234,7 +232,7 @@ def grid_replicas(settings: list[tuple[float, int, int]], variants: list[tuple[s
 
 
 def run_over_budget(task: Task, algorithm: Algorithm, name: str, settings: list[tuple[float, int, int]],
-                    variants: list[tuple[str, dict]], hparams: dict, local: LocalConfig, args: AsyncfededSettings,
+                    variants: list[tuple[str, dict]], hparams: dict, local: LocalConfig, args: argparse.Namespace,
                     k_scale: float, adaptive: bool) -> Any:
     """A program of the event clock (``settings``: (P, prob_index, seed)) whose every replica passes the budget:
     the steps that ``all_active`` needs (times ``ADAPTIVE_MARGIN`` for AsyncFedED's adaptive K), run again longer
@@ -269,17 +267,13 @@ def mean_k(history: History, r: int, budget: float) -> float | None:
     return float(within.mean()) if within.size else None
 
 
-def task_dataset() -> Dataset:
-    """The data of every run: Synthetic(1, 1) with 10 clients (seed 0)."""
-    return synthetic_leaf(num_clients=10, alpha=1.0, beta=1.0, seed=0)
-
-
-def run_all(args: AsyncfededSettings) -> list[dict]:
+def run_all(args: argparse.Namespace) -> list[dict]:
     """Every program: AsyncFedED (main grid and ablation P), the constant-K ablation, the two FedAsyncs together and
     FedAvg / FedProx together, on Synthetic(1, 1) with the paper's MLP."""
-    dataset = task_dataset()
+    dataset = synthetic_leaf(num_clients=10, alpha=1.0, beta=1.0, seed=0)
     model = make_model("mlp", dataset.input_shape, dataset.num_classes, seed=0, hidden=(200, 200))
     task = make_task(dataset, dataset.natural_partition, model)
+    args.test_examples = int(len(dataset.test_y))
     presets = {m: get_preset(f"asyncfeded/{args.task}/{PRESETS[m]}") for m in METHODS}
     probs = list(args.probs)
     main = [(q, j, s) for j, q in enumerate(probs) for s in args.seeds]
@@ -328,7 +322,7 @@ def run_metrics(rec: dict, budget: float, target: float) -> dict:
             "uploads_in_budget": int(uploads[-1])}
 
 
-def summarize(records: list[dict], args: AsyncfededSettings) -> list[dict]:
+def summarize(records: list[dict], args: argparse.Namespace) -> list[dict]:
     """Mean and std over seeds of every metric, per (method, P)."""
     groups: dict[tuple[str, float], list[dict]] = {}
     for rec in records:
@@ -369,7 +363,7 @@ def time_key(row: dict | None, key: str) -> float:
     return row[key]
 
 
-def direction_checks(rows: list[dict], args: AsyncfededSettings) -> list[str]:
+def direction_checks(rows: list[dict], args: argparse.Namespace) -> list[str]:
     """The paper's claims, checked on the measured means (yes / no per claim)."""
     at = {(r["method"], r["prob"]): r for r in rows}
     base = [m for m in BASELINES if m in args.methods]
@@ -405,19 +399,18 @@ def direction_checks(rows: list[dict], args: AsyncfededSettings) -> list[str]:
     return out
 
 
-def format_table(rows: list[dict], args: AsyncfededSettings) -> str:
+def format_table(rows: list[dict], args: argparse.Namespace) -> str:
     """``table.md``: the Fig. 3 metrics per method and P, AsyncFedED's mean K, the Fig. 4 ablation and the claims."""
     at = {(r["method"], r["prob"]): r for r in rows}
     methods = [m for m in METHODS if m in args.methods]
     probs = args.probs
-    test_examples = int(len(task_dataset().test_y))
     head = "| method | " + " | ".join(f"P = {p:g}" for p in probs) + " |"
     rule = "|" + "---|" * (len(probs) + 1)
     lines = [f"AsyncFedED reproduction: Synthetic(1, 1), 10 clients, MLP 60-200-200-10, budget {args.budget:g} units "
              f"of virtual time (one unit: the compute time of a 10-step job; communication {args.comm_time:g}; "
              f"suspension mean {args.suspension_mean:g}; synchronous rounds: {args.sync_suspensions}), "
-             f"mean ± std over seeds {args.seeds}. The test set has {test_examples} examples (accuracy moves in "
-             f"steps of {1 / test_examples:.4f}).", ""]
+             f"mean ± std over seeds {args.seeds}. The test set has {args.test_examples} examples (accuracy moves in "
+             f"steps of {1 / args.test_examples:.4f}).", ""]
     sections = (("Max test accuracy within the budget", "max_accuracy", 4),
                 ("Time to reach 90% of its own max accuracy", "time_to_90pct_max", 2),
                 (f"Time to reach test accuracy {args.target:g} (k/n: reached by k of n seeds, mean over those)",
@@ -455,14 +448,14 @@ def format_table(rows: list[dict], args: AsyncfededSettings) -> str:
 STYLES = {"AsyncFedED": "-", "FedAsync+Constant": "--", "FedAsync+Hinge": "--", "FedAvg": ":", "FedProx": "-."}
 
 
-def plot(records: list[dict], rows: list[dict], args: AsyncfededSettings) -> list[str]:
+def plot(records: list[dict], rows: list[dict], args: argparse.Namespace) -> list[str]:
     """The figures: ``accuracy.png``, ``metrics_vs_p.png`` and, with the ablation, ``ablation.png``."""
     written = [plot_accuracy(records, args), plot_metrics(rows, args)]
     ablation = plot_ablation(records, args)
     return written + ([ablation] if ablation else [])
 
 
-def plot_accuracy(records: list[dict], args: AsyncfededSettings) -> str:
+def plot_accuracy(records: list[dict], args: argparse.Namespace) -> str:
     """Test accuracy against virtual time, mean over seeds, one panel per P."""
     plt = pyplot()
     grid = np.linspace(0.0, args.budget, 400)
@@ -489,7 +482,7 @@ def plot_accuracy(records: list[dict], args: AsyncfededSettings) -> str:
     return save_png(fig, args.out, "accuracy.png")
 
 
-def plot_metrics(rows: list[dict], args: AsyncfededSettings) -> str:
+def plot_metrics(rows: list[dict], args: argparse.Namespace) -> str:
     """The Fig. 3 metrics and the time to the common target against P."""
     plt = pyplot()
     methods = [m for m in METHODS if m in args.methods]
@@ -511,7 +504,7 @@ def plot_metrics(rows: list[dict], args: AsyncfededSettings) -> str:
     return save_png(fig, args.out, "metrics_vs_p.png")
 
 
-def plot_ablation(records: list[dict], args: AsyncfededSettings) -> str | None:
+def plot_ablation(records: list[dict], args: argparse.Namespace) -> str | None:
     """Fig. 4: AsyncFedED's adaptive K against every constant K at the ablation's P (None without the ablation)."""
     plt = pyplot()
     grid = np.linspace(0.0, args.budget, 400)
@@ -531,68 +524,13 @@ def plot_ablation(records: list[dict], args: AsyncfededSettings) -> str | None:
     return None
 
 
-@dataclasses.dataclass(frozen=True)
-class AsyncfededSettings(ReproductionSettings):
-    """The settings of one AsyncFedED reproduction: the command line's options after :func:`parse_args` filled in the
-    defaults of ``--scale`` (or ``--quick``) and sorted the suspension probabilities. Build it with
-    :func:`parse_settings` (a command line) or :meth:`from_keywords` (the options as keywords); both check it alike.
-
-    Attributes:
-        scale: ``cpu`` (budget 40, three P, 2 seeds) or ``paper`` (budget 60, P = 0, 0.1, ..., 0.9, 5 seeds).
-        task: the paper's task; only ``synthetic`` is available.
-        quick: budget 12, P in {0, 0.9}, one seed, K = 5 in the ablation.
-        budget: the virtual-time budget of every run.
-        probs: the suspension probabilities P (sorted, distinct).
-        seeds: the seeds (distinct, in [0, 1000)).
-        ablation_prob: the P of the constant-K ablation.
-        ablation_k: the constant K values of the ablation.
-        target: the common absolute test accuracy of the time-to-target.
-        comm_time: the communication time of every job.
-        noise_sigma: the log-normal spread of the job times.
-        suspension_mean: the mean length of a suspension (about one round).
-        sync_suspensions: ``skip`` (a suspended client sits a synchronous round out) or ``wait`` (the round waits).
-        evals: the evaluations per run within the budget (about).
-        methods: the methods run (``METHODS`` keys).
-        out: the output folder.
-    """
-
-    scale: str
-    task: str
-    quick: bool
-    budget: float
-    probs: list[float]
-    seeds: list[int]
-    ablation_prob: float
-    ablation_k: list[int]
-    target: float
-    comm_time: float
-    noise_sigma: float
-    suspension_mean: float
-    sync_suspensions: str
-    evals: int
-    methods: list[str]
-    out: str
-
-    @classmethod
-    def from_keywords(cls, **options: Any) -> AsyncfededSettings:
-        """The settings of the command line that gives ``options`` (``dest=value`` as the flags take them, e.g.
-        ``quick=True, probs=[0.0, 0.5]``): the same defaults, filling and checks as :func:`parse_args`; a refused
-        value raises :class:`~asyncfl_jax.reproduce.settings.SettingsError` with the command line's message."""
-        return cls._from_keywords(build_parser(), parse_args, options)
-
-
-def parse_settings(argv: list[str] | None = None) -> AsyncfededSettings:
-    """The settings of a command line (:func:`parse_args`; a bad argument exits with a usage error)."""
-    return AsyncfededSettings.from_args(parse_args(argv))
-
-
 def main(argv: list[str] | None = None) -> int:
     """The command: runs every program and writes ``table.md``, ``results.json`` and the figures to ``--out``; 2 for
     the paper's tasks that are not available."""
-    return command_main(argv, parse_settings, lambda args, _: run_all(args), write_report, load=check_task)
+    return command_main(argv, parse_args, lambda args, _: run_all(args), write_report, load=check_task)
 
 
-def check_task(args: AsyncfededSettings) -> None:
+def check_task(args: argparse.Namespace) -> None:
     """Only Synthetic(1, 1) is available: the paper's other tasks raise ``DataUnavailable``."""
     if args.task != "synthetic":
         raise DataUnavailable(UNAVAILABLE.format(task=args.task.capitalize() if args.task != "femnist" else "FEMNIST"))
@@ -601,13 +539,12 @@ def check_task(args: AsyncfededSettings) -> None:
               "this project", file=sys.stderr)
 
 
-def write_report(args: AsyncfededSettings, records: list[dict], seconds: float) -> str:
+def write_report(args: argparse.Namespace, records: list[dict], seconds: float) -> str:
     """``table.md``, ``results.json`` and the figures; returns the table."""
     rows = summarize(records, args)
     seconds = round(seconds, 1)
     table = format_table(rows, args) + f"\nWall time: {seconds} s.\n"
-    write_outputs(args.out, table, {"args": {**vars(args), "test_examples": int(len(task_dataset().test_y))},
-                                    "results": rows, "checks": direction_checks(rows, args),
+    write_outputs(args.out, table, {"args": vars(args), "results": rows, "checks": direction_checks(rows, args),
                                     "runs": records, "seconds": seconds})
     plot(records, rows, args)
     return table

@@ -97,9 +97,9 @@ from asyncfl_jax.reproduce.data import DataUnavailable, check_dataset, load_data
 from asyncfl_jax.reproduce.grid import command_main, metric_dtype, replica_arrays, run_grid, setting_seed
 from asyncfl_jax.reproduce.report import (distinct_seeds_problem, fmt_bits, fmt_ratio, parse_checked, pyplot,
                                           round_up, to_json, yes_no)
-from asyncfl_jax.reproduce.settings import ReproductionSettings
 from asyncfl_jax.results import save_figure, write_atomic
 from asyncfl_jax.timing import DelayModel, delay_statistics, window_schedule
+from asyncfl_jax.reproduce.settings import ReproductionSettings
 
 # ------------------------------------------------------------------------------------------------ the paper's numbers
 # Table III: uplink GB to reach the target accuracy (non-IID), per task (target, {method: GB}).
