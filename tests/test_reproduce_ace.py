@@ -22,7 +22,7 @@ from support import ROOT, script_env
 
 # ------------------------------------------------------------------------------------------------ budget, step sizes
 def test_cpu_defaults_give_every_method_the_same_uploads():
-    args = ace.parse_args([])
+    args = ace.parse_settings([])
     assert (args.clients, args.alphas, args.betas, args.budget) == (100, [0.1], [30.0], "uploads")
     assert (args.model, args.seeds, args.skip_dropout) == ("mlp", [0, 1, 2, 3, 4], True)
     assert args.concurrency == args.asgd_concurrency == 100  # everyone always training
@@ -31,15 +31,15 @@ def test_cpu_defaults_give_every_method_the_same_uploads():
     # the step sizes the documented sweep chose, each inside its grid; --tune sweeps the grid again
     assert {m: ace.lr_grid(args, m) for m in ace.METHODS} == {m: [v] for m, v in ace.CPU_DEFAULT_LR.items()}
     assert all(min(ace.CPU_GRIDS[m]) < v < max(ace.CPU_GRIDS[m]) for m, v in ace.CPU_DEFAULT_LR.items())
-    tuned = ace.parse_args(["--tune"])
+    tuned = ace.parse_settings(["--tune"])
     assert ace.lr_grid(tuned, "fedbuff") == ace.CPU_GRIDS["fedbuff"] and len(ace.lr_grid(tuned, "ace")) == 4
-    assert not ace.parse_args(["--no-skip-dropout"]).skip_dropout
-    assert ace.lr_grid(ace.parse_args(["--lr", "ace=0.5,0.7"]), "ace") == [0.5, 0.7]
-    assert ace.parse_args(["--dropout-fractions", "0.5", "0.2"]).dropout_fractions == [0.0, 0.2, 0.5]
+    assert not ace.parse_settings(["--no-skip-dropout"]).skip_dropout
+    assert ace.lr_grid(ace.parse_settings(["--lr", "ace=0.5,0.7"]), "ace") == [0.5, 0.7]
+    assert ace.parse_settings(["--dropout-fractions", "0.5", "0.2"]).dropout_fractions == [0.0, 0.2, 0.5]
 
 
 def test_paper_defaults_follow_table_a4():
-    args = ace.parse_args(["--scale", "paper"])
+    args = ace.parse_settings(["--scale", "paper"])
     assert (args.dataset, args.model, args.budget, args.steps, args.seeds) == (
         "cifar10", "resnet18_gn", "steps", 500, [0, 1, 2, 3, 4])
     assert (args.concurrency, args.buffer_size, args.asgd_concurrency, args.client_lr) == (20, 10, 100, 0.05)
@@ -48,19 +48,19 @@ def test_paper_defaults_follow_table_a4():
     eta = 0.2 * math.sqrt(100 / 500)  # 0.0894, Tab. a.4
     assert all(ace.server_steps(args, m) == 500 for m in ace.METHODS)
     assert all(ace.lr_grid(args, m) == pytest.approx([eta]) for m in ace.METHODS)
-    matched = ace.parse_args(["--scale", "paper", "--delta-lr", "matched"])
+    matched = ace.parse_settings(["--scale", "paper", "--delta-lr", "matched"])
     assert ace.lr_grid(matched, "ca2fl") == pytest.approx([eta / 0.05]) and ace.lr_grid(matched, "ace") == [eta]
-    tuned = ace.parse_args(["--scale", "paper", "--tune"])
+    tuned = ace.parse_settings(["--scale", "paper", "--tune"])
     assert ace.lr_grid(tuned, "ace") == pytest.approx([c * math.sqrt(0.2) for c in ace.PAPER_C_GRID])
-    c100 = ace.parse_args(["--scale", "paper", "--dataset", "cifar100"])
+    c100 = ace.parse_settings(["--scale", "paper", "--dataset", "cifar100"])
     assert (c100.alphas, c100.betas) == ([0.1, 0.3, 1.0, 10.0], [1.0, 5.0, 20.0, 30.0])
 
 
 def test_bad_arguments_and_unavailable_data_stop_before_running(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        ace.parse_args(["--concurrency", "5", "--buffer-size", "10"])
+        ace.parse_settings(["--concurrency", "5", "--buffer-size", "10"])
     with pytest.raises(SystemExit):
-        ace.parse_args(["--lr", "nope=1"])
+        ace.parse_settings(["--lr", "nope=1"])
     out = tmp_path / "none"
     assert ace.main(["--dataset", "20newsgroup", "--out", str(out)]) == 2
     assert "not available" in capsys.readouterr().err
@@ -75,10 +75,10 @@ def test_bad_arguments_and_unavailable_data_stop_before_running(tmp_path, capsys
 def test_delay_models_and_dropout_schedules():
     from asyncfl_jax.timing import make_schedule
 
-    args = ace.parse_args(["--clients", "12", "--uploads", "200"])
-    model = ace.delay_model(args, 30.0)
+    args = ace.parse_settings(["--clients", "12", "--uploads", "200"])
+    model = ace.delay_model(args.delay_model, args.t_fix, 30.0)
     assert (model.speed, model.speed_value, model.noise, model.comm_time) == ("exponential", 30.0, "exponential", 1.0)
-    literal = ace.delay_model(ace.parse_args(["--delay-model", "iid_exp"]), 5.0)
+    literal = ace.delay_model("iid_exp", 1.0, 5.0)
     assert (literal.speed, literal.speed_value, literal.comm_time) == ("constant", 5.0, 0.0)
     for method in ("ace", "fedbuff", "vanilla_asgd"):
         steps = ace.server_steps(args, method)
@@ -96,7 +96,8 @@ def test_delay_models_and_dropout_schedules():
     a, f = ace.make_method_schedule(args, "ace", 5.0, 0), ace.make_method_schedule(args, "fedbuff", 5.0, 0)
     np.testing.assert_array_equal(a.arrival_clients[:, 0], f.arrival_clients.reshape(-1))
     assert a.step_times[-1] == f.step_times[-1]
-    assert make_schedule("all_active", 12, 5, ace.delay_model(args, 5.0), 0).info["protocol"] == "all_active"
+    delays = ace.delay_model(args.delay_model, args.t_fix, 5.0)
+    assert make_schedule("all_active", 12, 5, delays, 0).info["protocol"] == "all_active"
 
 
 def _active_counts_by_search(schedule, tau):
@@ -116,7 +117,7 @@ def _active_counts_by_search(schedule, tau):
 def test_aced_active_counts_equal_the_definition_and_the_algorithms_active_set():
     from asyncfl_jax.algorithms import ServerMeta, aced
 
-    args = ace.parse_args(["--clients", "12", "--uploads", "80"])
+    args = ace.parse_settings(["--clients", "12", "--uploads", "80"])
     schedule = ace.make_method_schedule(args, "aced", 5.0, seed=1, fraction=0.5)
     taus = [0.0, 1.0, 3.0, 10.0, 1000.0]
     counts = ace.aced_active_counts(schedule, taus)
@@ -147,8 +148,8 @@ def test_aced_active_counts_equal_the_definition_and_the_algorithms_active_set()
 
 
 def test_checks_compute_the_amplification_index_and_dropout_claims():
-    args = ace.parse_args(["--methods", "ace", "fedbuff", "--dropout-fractions", "0", "0.5", "--alphas", "0.1", "0.3",
-                           "--betas", "5", "30"])
+    args = ace.parse_settings(["--methods", "ace", "fedbuff", "--dropout-fractions", "0", "0.5", "--alphas", "0.1",
+                               "0.3", "--betas", "5", "30"])
     acc = {("ace", 0.1, 5.0): 0.80, ("ace", 0.1, 30.0): 0.79, ("ace", 0.3, 5.0): 0.82, ("ace", 0.3, 30.0): 0.81,
            ("fedbuff", 0.1, 5.0): 0.78, ("fedbuff", 0.1, 30.0): 0.70, ("fedbuff", 0.3, 5.0): 0.80,
            ("fedbuff", 0.3, 30.0): 0.79}
@@ -181,7 +182,8 @@ def test_a_program_over_the_memory_budget_runs_in_halves(monkeypatch, capsys):
         return real(task, algorithm, schedules, **kwargs)
 
     monkeypatch.setattr(grid, "simulate", budgeted)  # the name the shared runner (run_grid) looks up
-    args = ace.parse_args(["--clients", "10", "--uploads", "40", "--seeds", "0", "1", "--betas", "5", "--evals", "4"])
+    args = ace.parse_settings(["--clients", "10", "--uploads", "40", "--seeds", "0", "1", "--betas", "5", "--evals",
+                               "4"])
     data = synthetic_leaf(num_clients=30, seed=0)
     task = make_task(data, partition("dirichlet", data.train_y, 10, seed=0, alpha=0.3),
                      make_model("logreg", data.input_shape, data.num_classes))

@@ -2,6 +2,7 @@
 the metrics, and a tiny end-to-end run (the wrapper that keeps the state at empty steps is tested in
 test_algorithm_wrappers.py)."""
 
+import dataclasses
 import json
 import math
 import os
@@ -150,10 +151,10 @@ def _record(method, alpha, trial, acc, loss, times=(0.0, 1.0, 2.0), diverged=-1)
 
 
 def test_rho_retained_alphas_and_the_table(area):
-    args = area.parse_args(["--settings", "n4_m1", "--rate-stds", "0", "--methods", "AREA", "FedBuff",
-                            "--trials", "2", "--horizon", "2"])
+    args = area.parse_settings(["--settings", "n4_m1", "--rate-stds", "0", "--methods", "AREA", "FedBuff",
+                                "--trials", "2", "--horizon", "2"])
     assert args.target == 0.75  # the cpu scale's Fashion-MNIST target
-    args.target = 0.8
+    args = dataclasses.replace(args, target=0.8)  # the settings are frozen
     recs = [
         _record("AREA", 1.0, 0, [0.1, 0.7, 0.9], 0.5), _record("AREA", 1.0, 1, [0.1, 0.95, 0.9], 0.6),
         _record("AREA", 10.0, 0, [0.1, 0.5, 0.85], 0.7), _record("AREA", 10.0, 1, [0.1, 0.5, 0.77], 0.9),

@@ -3,7 +3,6 @@ path's data, and one tiny run end to end (so the script never rots)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -26,13 +25,13 @@ def repro():
 
 
 def test_scales_and_argument_checks(repro, capsys):
-    cpu = repro.parse_args([])
+    cpu = repro.parse_settings([])
     assert [s.key for s in cpu.settings] == ["fashion_mnist/mlp/0.1"]
     assert (cpu.rounds, cpu.seeds, cpu.client_lr, cpu.train_subset, cpu.target) == (300, [0, 1, 2, 3, 4], 0.1, 12000,
                                                                                    0.75)
     assert cpu.ablation_setting.key == "fashion_mnist/mlp/0.1"  # the stronger label skew
     assert cpu.methods == ["asyncfl", "ca2fl", "mf8", "mf4", "mf2"]  # FedAsync etc. were not swept on this task
-    paper = repro.parse_args(["--scale", "paper"])
+    paper = repro.parse_settings(["--scale", "paper"])
     assert len(paper.settings) == 6 and paper.settings[0].key == "cifar10/ca2fl_cnn/0.3"
     assert (paper.rounds, paper.seeds, paper.client_lr, paper.train_subset) == (500, [0, 1, 2], 0.01, None)
     assert paper.ablation_setting.key == "cifar10/resnet18_gn/0.3"  # Fig. 4 trains ResNet-18
@@ -43,11 +42,11 @@ def test_scales_and_argument_checks(repro, capsys):
         assert repro.paper_reference(s) == ((s.dataset, s.model, s.alpha), "same setting")
     assert [repro.target_for(s, paper) for s in paper.settings[:2]] == [0.5, 0.8]
     assert repro.target_for(paper.settings[-1], paper) is None
-    quick = repro.parse_args(["--scale", "paper", "--quick"])
+    quick = repro.parse_settings(["--scale", "paper", "--quick"])
     assert [s.key for s in quick.settings] == ["cifar10/ca2fl_cnn/0.3"] and quick.seeds == [0]
     assert quick.ablation_setting.key == "cifar10/ca2fl_cnn/0.3"  # the ResNet setting is not run: the first one
     assert paper.methods == list(repro.METHODS)
-    synthetic = repro.parse_args(["--dataset", "synthetic"])
+    synthetic = repro.parse_settings(["--dataset", "synthetic"])
     assert [s.key for s in synthetic.settings] == ["synthetic/mlp/0.1"]
     assert synthetic.ablation_setting.key == "synthetic/mlp/0.1"
     for bad in (["--settings", "cifar10/ca2fl_cnn"], ["--settings", "imagenet/ca2fl_cnn/0.3"],
@@ -55,13 +54,13 @@ def test_scales_and_argument_checks(repro, capsys):
                 ["--ablation-buffer", "25"], ["--ablation-setting", "cifar10/ca2fl_cnn/0.3"],
                 ["--settings", "cifar10/ca2fl_cnn/0.3", "cifar10/ca2fl_cnn/0.3"]):
         with pytest.raises(SystemExit):
-            repro.parse_args(bad)
+            repro.parse_settings(bad)
     capsys.readouterr()
 
 
 def test_method_plan_and_fedasync_hyperparameters(repro):
-    args = repro.parse_args(["--settings", "cifar10/resnet18_gn/0.3", "cifar10/resnet18_gn/0.1", "--methods",
-                             *repro.METHODS])
+    args = repro.parse_settings(["--settings", "cifar10/resnet18_gn/0.3", "cifar10/resnet18_gn/0.1", "--methods",
+                                 *repro.METHODS])
     first, second = args.settings
     assert [m.key for m in repro.methods_for(first, args)] == list(repro.METHODS)
     assert [m.key for m in repro.methods_for(second, args)] == ["asyncfl", "ca2fl", "mf8", "mf4"]
@@ -74,7 +73,7 @@ def test_method_plan_and_fedasync_hyperparameters(repro):
     # The default ablation: the paper's two one-dimensional sweeps and the fixed delays; --grid: the full grid.
     names = [v.name for v in repro.ablation_variants(args)]
     assert names == ["Mc=15, M=10", "Mc=25, M=10", "Mc=20, M=5", "Mc=20, M=15", "fixed halfnorm(5)"]
-    grid = repro.ablation_variants(repro.parse_args(["--grid", "--no-fixed-delay"]))
+    grid = repro.ablation_variants(repro.parse_settings(["--grid", "--no-fixed-delay"]))
     full = {(mc, m) for mc in (15, 20, 25) for m in (5, 10, 15)}
     assert {(v.concurrency, v.buffer) for v in grid} == full - {(20, 10)}
     # FedAsync gets rounds x M client updates, one per server step, with Mc clients in flight.
@@ -85,7 +84,7 @@ def test_method_plan_and_fedasync_hyperparameters(repro):
 
 
 def test_delay_tables_follow_the_boundary_refill_identity(repro):
-    args = repro.parse_args(["--seeds", "0", "1", "--delay-rounds", "300"])
+    args = repro.parse_settings(["--seeds", "0", "1", "--delay-rounds", "300"])
     delays = repro.delay_tables(args)
     points = {(p["concurrency"], p["buffer"]): p for p in delays["protocol"]}
     assert set(points) == {(15, 10), (20, 10), (25, 10), (20, 5), (20, 15)} == set(repro.PAPER_DELAYS)
@@ -113,9 +112,9 @@ def test_run_metrics_final_tail_best_and_rounds_to_target(repro):
 @pytest.mark.slow
 def test_paper_path_reads_normalised_cifar_and_builds_the_paper_task(repro, tmp_path):
     tfds = pytest.importorskip("tensorflow_datasets")
-    args = repro.parse_args(["--scale", "paper", "--settings", "cifar10/ca2fl_cnn/0.1", "--clients", "4",
-                             "--concurrency", "2", "--buffer", "1", "--ablation-concurrency",
-                             "--ablation-buffer", "--data-dir", str(tmp_path)])
+    args = repro.parse_settings(["--scale", "paper", "--settings", "cifar10/ca2fl_cnn/0.1", "--clients", "4",
+                                 "--concurrency", "2", "--buffer", "1", "--ablation-concurrency",
+                                 "--ablation-buffer", "--data-dir", str(tmp_path)])
     # Not prepared: a clear error before anything runs, and no output folder.
     assert "cifar10 is not available" in repro.check_data(args)
     assert repro.main([*sys_args(args), "--out", str(tmp_path / "none")]) == 2
@@ -131,7 +130,7 @@ def test_paper_path_reads_normalised_cifar_and_builds_the_paper_task(repro, tmp_
     assert local.steps == int(np.max(2 * np.ceil(sizes / 50))) and local.epochs == 2 and local.batch_size == 50
 
 
-def sys_args(args: argparse.Namespace) -> list[str]:
+def sys_args(args: repro.Ca2flSettings) -> list[str]:
     return ["--scale", "paper", "--settings", *[s.key for s in args.settings], "--data-dir", args.data_dir]
 
 

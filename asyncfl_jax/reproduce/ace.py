@@ -84,6 +84,7 @@ paper's axis) and ``dropout.png`` (Fig. 3a/3b and the curves at the largest frac
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -101,6 +102,7 @@ from asyncfl_jax.engine.hparams import make_replicas
 from asyncfl_jax.reproduce.grid import command_main, replica_runs, run_grid, setting_seed
 from asyncfl_jax.reproduce.report import (distinct_seeds_problem, parse_checked, pyplot, save_png, table_row,
                                           write_outputs, yes_no)
+from asyncfl_jax.reproduce.settings import ReproductionSettings
 from asyncfl_jax.reproduce.verdicts import (claim_verdicts, participation_line, plot_methods, schedule_fastest_share,
                                             verdict_json, verdict_lines)
 from asyncfl_jax.timing import DelayModel, schedule_summary
@@ -254,6 +256,109 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@dataclasses.dataclass(frozen=True)
+class AceSettings(ReproductionSettings):
+    """The settings of one ACE/ACED reproduction: the command line's options after :func:`parse_args` filled in the
+    scale's defaults (``--scale``, ``--quick``, CIFAR-100's grid) and normalized them (sorted distinct grids, 0%
+    dropout added, methods in table order). Build it with :func:`parse_settings` (a command line) or
+    :meth:`from_keywords` (the options as keywords); both check it alike.
+
+    Attributes:
+        scale: ``cpu`` (Fashion-MNIST MLP, equal uploads) or ``paper`` (CIFAR ResNet-18, T server iterations).
+        quick: the smoke-sized run (20 clients, 400 uploads or 60 steps, one seed, two grid values).
+        dataset: ``fashion_mnist``, ``synthetic``, ``cifar10``, ``cifar100`` or ``20newsgroup`` (never available).
+        data_dir: the IDX (Fashion-MNIST) or TFDS (CIFAR) data folder; None: the default places.
+        model: the model's ``make_model`` name (``mlp`` at cpu scale, ``resnet18_gn`` at paper scale).
+        clients: n, the number of clients.
+        alphas: the Dirichlet concentrations of the splits (sorted, distinct; lower: more skew).
+        betas: the delay parameters beta (sorted, distinct): the spread of the client speeds under ``client_exp``.
+        seeds: the seeds (distinct, in [0, 1000)): timing seed s, training seed ``setting_seed(j, s)``.
+        budget: ``uploads`` (every method gets ``uploads`` client uploads) or ``steps`` (``steps`` server steps).
+        uploads: the client uploads of every method under ``budget == "uploads"``.
+        steps: the server iterations T of every method under ``budget == "steps"``.
+        batch_size: the minibatch of every client gradient.
+        client_lr: eta_l, the step of FedBuff's and CA2FL's one local SGD step.
+        buffer_size: M, the buffer of FedBuff and CA2FL.
+        concurrency: Mc, the clients in flight of FedBuff and CA2FL.
+        asgd_concurrency: the clients in flight of the two ASGDs (also Delay-adaptive ASGD's tau_C).
+        tau_algo: ACED's tau_algo in the main comparison (Fig. a.2).
+        dropout_tau_algo: ACED's tau_algo in the dropout study (Fig. 3a).
+        tau_ablation: the tau_algo values of Fig. 3b (sorted, distinct).
+        dropout_fractions: the fractions of clients that leave at T/2 (sorted, distinct, 0 included).
+        dropout_setting: ``[alpha, beta]`` of the dropout study.
+        dropout_methods: the methods of the dropout study (table order).
+        skip_dropout: run only the Fig. 2 comparison.
+        delay_model: ``client_exp`` (persistent speeds Exp(beta), jobs ``t_fix + s_i Exp(1)``) or ``iid_exp``.
+        t_fix: the fixed part of every job time under ``client_exp``.
+        methods: the methods of the main comparison (table order).
+        tune: sweep the step sizes (cpu: ``CPU_GRIDS``; paper: c in ``PAPER_C_GRID``) rather than take one.
+        lr_c: the paper scale's c without ``tune``: eta = c sqrt(n / T).
+        delta_lr: ``literal`` (FedBuff/CA2FL's eta as Tab. a.4) or ``matched`` (eta / eta_l).
+        lr: the ``--lr METHOD=V1,V2`` items as given (parsed into ``lr_override``).
+        select: how a step size is chosen from a grid: ``train_loss`` (lowest final) or ``test_accuracy``.
+        cache: the storage of ACE's, ACED's and CA2FL's per-client caches: ``float32``, ``bfloat16`` or ``int8``.
+        evals: the evaluations per run (about).
+        final_window: the final accuracy is the mean of this many last evaluations.
+        max_replicas: at most this many replicas per compiled program (0: no limit).
+        partition_seed: the seed of the Dirichlet split (shared by every run).
+        out: the output folder.
+        lr_override: {method: server step sizes} of ``lr``, replacing the scale's grid for those methods.
+    """
+
+    scale: str
+    quick: bool
+    dataset: str
+    data_dir: str | None
+    model: str
+    clients: int
+    alphas: list[float]
+    betas: list[float]
+    seeds: list[int]
+    budget: str
+    uploads: int
+    steps: int
+    batch_size: int
+    client_lr: float
+    buffer_size: int
+    concurrency: int
+    asgd_concurrency: int
+    tau_algo: float
+    dropout_tau_algo: float
+    tau_ablation: list[float]
+    dropout_fractions: list[float]
+    dropout_setting: list[float]
+    dropout_methods: list[str]
+    skip_dropout: bool
+    delay_model: str
+    t_fix: float
+    methods: list[str]
+    tune: bool
+    lr_c: float
+    delta_lr: str
+    lr: list[str]
+    select: str
+    cache: str
+    evals: int
+    final_window: int
+    max_replicas: int
+    partition_seed: int
+    out: str
+    lr_override: dict[str, list[float]]
+
+    @classmethod
+    def from_keywords(cls, **options: Any) -> AceSettings:
+        """The settings of the command line that gives ``options`` (``dest=value`` as the flags take them, e.g.
+        ``quick=True, seeds=[0, 1], lr=["ace=0.1"]``): the same defaults, filling and checks as :func:`parse_args`;
+        a refused value raises :class:`~asyncfl_jax.reproduce.settings.SettingsError` with the command line's
+        message."""
+        return cls._from_keywords(build_parser(), parse_args, options)
+
+
+def parse_settings(argv: list[str] | None = None) -> AceSettings:
+    """The settings of a command line (:func:`parse_args`; a bad argument exits with a usage error)."""
+    return AceSettings.from_args(parse_args(argv))
+
+
 def apply_scale_defaults(args: argparse.Namespace) -> None:
     """Fills every argument left unset from ``--scale`` (and ``--quick``, CIFAR-100's grid)."""
     defaults = dict(SCALES[args.scale])
@@ -325,90 +430,93 @@ def parse_lr_overrides(items: list[str]) -> dict[str, list[float]]:
 
 
 # ------------------------------------------------------------------------------------------------ budget and step sizes
-def server_steps(args: argparse.Namespace, method: str) -> int:
+def server_steps(setup: AceSettings, method: str) -> int:
     """Server iterations of a method: ``--steps``, or ``--uploads`` divided by the uploads per step."""
-    if args.budget == "steps":
-        return args.steps
-    per_step = args.buffer_size if method in DELTA_METHODS else 1
-    return args.uploads // per_step
+    if setup.budget == "steps":
+        return setup.steps
+    per_step = setup.buffer_size if method in DELTA_METHODS else 1
+    return setup.uploads // per_step
 
 
-def lr_grid(args: argparse.Namespace, method: str) -> list[float]:
+def lr_grid(setup: AceSettings, method: str) -> list[float]:
     """The server step sizes (``server_lr``) swept for a method."""
-    if method in args.lr_override:
-        return args.lr_override[method]
-    if args.scale == "cpu":
-        if not args.tune:
+    if method in setup.lr_override:
+        return setup.lr_override[method]
+    if setup.scale == "cpu":
+        if not setup.tune:
             return [CPU_DEFAULT_LR[method]]
         grid = CPU_GRIDS[method]
-        return grid[1:3] if args.quick else grid
+        return grid[1:3] if setup.quick else grid
     # paper: eta = c sqrt(n / T) with T = the method's server iterations (Tab. a.4, App. F.2)
-    scale = math.sqrt(args.clients / server_steps(args, method))
-    if method in DELTA_METHODS and args.delta_lr == "matched":
-        scale /= args.client_lr
-    cs = (PAPER_C_GRID[2:5] if args.quick else PAPER_C_GRID) if args.tune else [args.lr_c]
+    scale = math.sqrt(setup.clients / server_steps(setup, method))
+    if method in DELTA_METHODS and setup.delta_lr == "matched":
+        scale /= setup.client_lr
+    cs = (PAPER_C_GRID[2:5] if setup.quick else PAPER_C_GRID) if setup.tune else [setup.lr_c]
     return [c * scale for c in cs]
 
 
 # ------------------------------------------------------------------------------------------------ data and task
-def load_ace_dataset(args: argparse.Namespace) -> Dataset:
+def load_ace_dataset(setup: AceSettings) -> Dataset:
     """The dataset of ``--dataset`` (CIFAR standardized per channel); raises :class:`DataUnavailable` with the reason
     when it cannot be read (20Newsgroup never can)."""
-    if args.dataset == "20newsgroup":
+    if setup.dataset == "20newsgroup":
         raise DataUnavailable(UNAVAILABLE)
-    data = load_dataset(args.dataset, args.data_dir, args.data_dir, synthetic_clients=max(args.clients, 30))
-    return standardize_channels(data, args.dataset) if args.dataset in CIFAR_STATS else data
+    data = load_dataset(setup.dataset, setup.data_dir, setup.data_dir, synthetic_clients=max(setup.clients, 30))
+    return standardize_channels(data, setup.dataset) if setup.dataset in CIFAR_STATS else data
 
 
-def make_tasks(args: argparse.Namespace, dataset: Dataset) -> dict[float, Task]:
+def make_tasks(setup: AceSettings, dataset: Dataset) -> dict[float, Task]:
     """One task per alpha: the Dirichlet split (seed ``--partition-seed``, at least 10 examples per client) is shared by
     every method and seed; the model starts from the same x0 everywhere."""
-    model = make_model(args.model, dataset.input_shape, dataset.num_classes, seed=0)
-    alphas = sorted(set(args.alphas) | ({args.dropout_setting[0]} if run_dropout(args) else set()))
+    model = make_model(setup.model, dataset.input_shape, dataset.num_classes, seed=0)
+    alphas = sorted(set(setup.alphas) | ({setup.dropout_setting[0]} if run_dropout(setup) else set()))
     tasks = {}
     for alpha in alphas:
-        parts = partition("dirichlet", dataset.train_y, args.clients, seed=args.partition_seed, alpha=alpha)
+        parts = partition("dirichlet", dataset.train_y, setup.clients, seed=setup.partition_seed, alpha=alpha)
         tasks[alpha] = make_task(dataset, parts, model)
     return tasks
 
 
-def run_dropout(args: argparse.Namespace) -> bool:
+def run_dropout(setup: AceSettings) -> bool:
     """Whether the dropout study (Fig. 3) runs."""
-    return not args.skip_dropout and bool(args.dropout_methods)
+    return not setup.skip_dropout and bool(setup.dropout_methods)
 
 
 # ------------------------------------------------------------------------------------------------ schedules
-def delay_model(args: argparse.Namespace, beta: float, dropout_fraction: float = 0.0,
+def delay_model(kind: str, t_fix: float, beta: float, dropout_fraction: float = 0.0,
                 dropout_time: float = math.inf) -> DelayModel:
-    """client_exp: persistent speed s_i ~ Exp(beta), job time t_fix + s_i Exp(1); iid_exp: every job Exp(beta)."""
+    """The delays of ``--delay-model`` ``kind``: ``client_exp``: persistent speed s_i ~ Exp(beta), job time
+    ``t_fix + s_i Exp(1)``; ``iid_exp``: every job Exp(beta) (``t_fix`` unused)."""
     drop = {"dropout_fraction": dropout_fraction, "dropout_time": dropout_time} if dropout_fraction > 0 else {}
-    if args.delay_model == "iid_exp":
+    if kind == "iid_exp":
         return DelayModel(speed="constant", speed_value=beta, noise="exponential", noise_scale=1.0, **drop)
     return DelayModel(speed="exponential", speed_value=beta, noise="exponential", noise_scale=1.0,
-                      comm_time=args.t_fix, **drop)
+                      comm_time=t_fix, **drop)
 
 
-def protocol_of(args: argparse.Namespace, method: str) -> tuple[str, dict]:
+def protocol_of(setup: AceSettings, method: str) -> tuple[str, dict]:
     """The arrival protocol of a method and its options."""
     if method in ("ace", "aced"):
         return "all_active", {}
     if method in DELTA_METHODS:
-        return "concurrent", {"concurrency": args.concurrency, "buffer_size": args.buffer_size, "refill": "immediate"}
-    return "concurrent", {"concurrency": args.asgd_concurrency, "buffer_size": 1, "refill": "immediate"}
+        return "concurrent", {"concurrency": setup.concurrency, "buffer_size": setup.buffer_size, "refill": "immediate"}
+    return "concurrent", {"concurrency": setup.asgd_concurrency, "buffer_size": 1, "refill": "immediate"}
 
 
-def make_method_schedule(args: argparse.Namespace, method: str, beta: float, seed: int,
+def make_method_schedule(setup: AceSettings, method: str, beta: float, seed: int,
                          fraction: float = 0.0) -> Schedule:
     """The schedule of a method for timing seed ``seed``. With ``fraction > 0``, ``floor(fraction n)`` clients leave
     for good at the virtual time of the method's step T/2 in its schedule without dropouts (so that every method
     trains on all clients for the first half of its run, and the events before then are those of 0%)."""
-    name, options = protocol_of(args, method)
-    steps = server_steps(args, method)
-    base = make_schedule(name, args.clients, steps, delay_model(args, beta), seed, **options)
-    if fraction <= 0 or math.floor(fraction * args.clients + 1e-9) < 1:
+    name, options = protocol_of(setup, method)
+    steps = server_steps(setup, method)
+    base = make_schedule(name, setup.clients, steps, delay_model(setup.delay_model, setup.t_fix, beta), seed,
+                         **options)
+    if fraction <= 0 or math.floor(fraction * setup.clients + 1e-9) < 1:
         return base
     drop_time = float(base.step_times[steps // 2 - 1])
-    return make_schedule(name, args.clients, steps, delay_model(args, beta, fraction, drop_time), seed, **options)
+    delays = delay_model(setup.delay_model, setup.t_fix, beta, fraction, drop_time)
+    return make_schedule(name, setup.clients, steps, delays, seed, **options)
 
 
 def aced_active_counts(schedule: Schedule, taus: list[float]) -> np.ndarray:
@@ -443,9 +551,9 @@ def participation_stats(schedule: Schedule) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ the runs
-def make_algorithm(args: argparse.Namespace, method: str) -> Algorithm:
+def make_algorithm(setup: AceSettings, method: str) -> Algorithm:
     """The algorithm of a method (the two ASGDs are ``delay_adaptive_asgd`` on gradients; ``--cache``)."""
-    cache = {"cache": args.cache} if args.cache != "float32" else {}
+    cache = {"cache": setup.cache} if setup.cache != "float32" else {}
     if method in ("ace", "aced", "ca2fl"):
         return get_algorithm(method, **cache)
     if method == "fedbuff":
@@ -461,7 +569,7 @@ def chunks(settings: list, per_setting: int, max_replicas: int) -> list[list]:
     return [settings[i:i + size] for i in range(0, len(settings), size)]
 
 
-def run_program(task: Task, args: argparse.Namespace, method: str, settings: list[dict], label: str,
+def run_program(task: Task, setup: AceSettings, method: str, settings: list[dict], label: str,
                 grid: list[float], variants: list[tuple[str, dict]] | None = None) -> list[dict]:
     """Runs ``method`` on every setting and step size of ``grid`` (and every variant) as the replicas of one compiled
     program (of several when ``--max-replicas`` splits the settings; a program over the memory budget stops with the
@@ -473,15 +581,15 @@ def run_program(task: Task, args: argparse.Namespace, method: str, settings: lis
     hyper-parameters are shared. Returns one record per (setting, step size, variant) with its evaluations.
     """
     variants = variants or [(method, {})]
-    hp = program_hparams(args, method, grid, variants)
-    algorithm = make_algorithm(args, method)
-    local = LocalConfig(steps=1, batch_size=args.batch_size)
-    eval_every = max(1, server_steps(args, method) // args.evals)
+    hp = program_hparams(setup, method, grid, variants)
+    algorithm = make_algorithm(setup, method)
+    local = LocalConfig(steps=1, batch_size=setup.batch_size)
+    eval_every = max(1, server_steps(setup, method) // setup.evals)
     records = []
-    for part in chunks(settings, len(grid) * len(variants), args.max_replicas):
+    for part in chunks(settings, len(grid) * len(variants), setup.max_replicas):
         replicas, meta = [], []
         for setting in part:
-            schedule = make_method_schedule(args, method, setting["beta"], setting["seed"],
+            schedule = make_method_schedule(setup, method, setting["beta"], setting["seed"],
                                             setting.get("fraction", 0.0))
             stats = stats_of(schedule)
             for point in make_replicas(algorithm, [setting["train_seed"]], hp):  # the grid's points, in sweep order
@@ -502,15 +610,15 @@ def run_program(task: Task, args: argparse.Namespace, method: str, settings: lis
     return records
 
 
-def program_hparams(args: argparse.Namespace, method: str, grid: list[float],
+def program_hparams(setup: AceSettings, method: str, grid: list[float],
                     variants: list[tuple[str, dict]]) -> dict[str, Any]:
     """The hyper-parameters of one program: the method's fixed ones, the variants' swept one, the step-size grid."""
     swept = sorted({k for _, v in variants for k in v})
     if len(swept) > 1 or any(set(v) != set(swept) for _, v in variants):
         raise ValueError(f"variants must differ in one hyper-parameter, got {variants}")
-    hp: dict = {"client_lr": args.client_lr} if method in DELTA_METHODS else {}
+    hp: dict = {"client_lr": setup.client_lr} if method in DELTA_METHODS else {}
     if method == "aced":
-        hp["tau_algo"] = args.tau_algo
+        hp["tau_algo"] = setup.tau_algo
     for key in swept:
         values = [v[key] for _, v in variants]
         hp[key] = values if len(values) > 1 else values[0]
@@ -526,20 +634,20 @@ def stats_of(schedule: Schedule) -> dict[str, Any]:
     return stats
 
 
-def select(records: list[dict], args: argparse.Namespace, key_fields: tuple[str, ...]) -> dict:
+def select(records: list[dict], setup: AceSettings, key_fields: tuple[str, ...]) -> dict:
     """{(method, *key): server_lr}: per group, the step size with the best final ``--select`` metric averaged over
     seeds (lowest training loss or highest test accuracy). A diverged run makes its step size the worst."""
     groups: dict[tuple, dict[float, list[float]]] = {}
     for r in records:
         key = (r["method"], *(r[k] for k in key_fields))
-        groups.setdefault(key, {}).setdefault(r["server_lr"], []).append(final_value(r[args.select],
-                                                                                      args.final_window))
+        groups.setdefault(key, {}).setdefault(r["server_lr"], []).append(final_value(r[setup.select],
+                                                                                      setup.final_window))
 
     def score(values: list[float]) -> float:
         v = np.asarray(values)
         if not np.all(np.isfinite(v)):
             return math.inf
-        return float(v.mean()) if args.select == "train_loss" else -float(v.mean())
+        return float(v.mean()) if setup.select == "train_loss" else -float(v.mean())
 
     return {key: min(sorted(by_lr), key=lambda lr: score(by_lr[lr])) for key, by_lr in groups.items()}
 
@@ -552,7 +660,7 @@ def volatility(accuracy) -> float:
     return float(np.abs(np.diff(tail)).mean()) if tail.size > 1 else math.nan
 
 
-def summarize(records: list[dict], args: argparse.Namespace, key_fields: tuple[str, ...]) -> list[dict]:
+def summarize(records: list[dict], setup: AceSettings, key_fields: tuple[str, ...]) -> list[dict]:
     """Per (method, *key_fields): mean, std and 2 standard errors over seeds of the final accuracy (records of one
     step size per group, e.g. the selected ones)."""
     groups: dict[tuple, list[dict]] = {}
@@ -560,8 +668,8 @@ def summarize(records: list[dict], args: argparse.Namespace, key_fields: tuple[s
         groups.setdefault((r["method"], *(r[k] for k in key_fields)), []).append(r)
     rows = []
     for key, recs in groups.items():
-        acc = np.array([final_value(r["test_accuracy"], args.final_window) for r in recs])
-        loss = np.array([final_value(r["train_loss"], args.final_window) for r in recs])
+        acc = np.array([final_value(r["test_accuracy"], setup.final_window) for r in recs])
+        loss = np.array([final_value(r["train_loss"], setup.final_window) for r in recs])
         ok = np.isfinite(acc)
         k = int(ok.sum())
         std = float(acc[ok].std(ddof=1)) if k > 1 else None
@@ -584,18 +692,18 @@ def summarize(records: list[dict], args: argparse.Namespace, key_fields: tuple[s
     return rows
 
 
-def main_settings(args: argparse.Namespace) -> list[dict]:
+def main_settings(setup: AceSettings) -> list[dict]:
     """(beta, seed) settings; the training seed of (beta_j, seed s) is ``setting_seed(j, s)``, its timing seed s."""
-    return [{"beta": b, "seed": s, "train_seed": setting_seed(j, s)} for j, b in enumerate(args.betas)
-            for s in args.seeds]
+    return [{"beta": b, "seed": s, "train_seed": setting_seed(j, s)} for j, b in enumerate(setup.betas)
+            for s in setup.seeds]
 
 
-def dropout_settings(args: argparse.Namespace) -> list[dict]:
+def dropout_settings(setup: AceSettings) -> list[dict]:
     """(fraction, seed) settings at the dropout study's beta; training seed ``DROPOUT_SEEDS + setting_seed(k, s)``
     for fraction k (apart from the main comparison's)."""
-    beta = args.dropout_setting[1]
+    beta = setup.dropout_setting[1]
     return [{"beta": beta, "seed": s, "fraction": f, "train_seed": DROPOUT_SEEDS + setting_seed(k, s)}
-            for k, f in enumerate(args.dropout_fractions) for s in args.seeds]
+            for k, f in enumerate(setup.dropout_fractions) for s in setup.seeds]
 
 
 def method_groups(methods: list[str]) -> list[list[str]]:
@@ -605,42 +713,42 @@ def method_groups(methods: list[str]) -> list[list[str]]:
     return groups + ([asgds] if asgds else [])
 
 
-def group_variants(args: argparse.Namespace, group: list[str]) -> list[tuple[str, dict]] | None:
+def group_variants(setup: AceSettings, group: list[str]) -> list[tuple[str, dict]] | None:
     """The variants of a program: the two ASGDs differ in ``tau_c`` only; other methods have none."""
     if group[0] in ("da_asgd", "vanilla_asgd"):
-        tau_c = {"da_asgd": float(args.asgd_concurrency), "vanilla_asgd": VANILLA_TAU_C}
+        tau_c = {"da_asgd": float(setup.asgd_concurrency), "vanilla_asgd": VANILLA_TAU_C}
         return [(m, {"tau_c": tau_c[m]}) for m in group]
     return None
 
 
-def run_main(tasks: dict[float, Task], args: argparse.Namespace) -> list[dict]:
+def run_main(tasks: dict[float, Task], setup: AceSettings) -> list[dict]:
     """Fig. 2: for each alpha and method (the two ASGDs together), one vmapped program holds every (beta, seed, step
     size) (split by ``--max-replicas``)."""
-    grids = {m: lr_grid(args, m) for m in METHODS}
+    grids = {m: lr_grid(setup, m) for m in METHODS}
     records = []
-    for alpha in args.alphas:
-        for group in method_groups(args.methods):
+    for alpha in setup.alphas:
+        for group in method_groups(setup.methods):
             if len(group) == 2 and grids["da_asgd"] != grids["vanilla_asgd"]:
                 raise ValueError("the two ASGDs share one program and need the same step-size grid")
             label = f"{'+'.join(LABELS[m] for m in group)} α={alpha:g}"
-            for r in run_program(tasks[alpha], args, group[0], main_settings(args), label, grids[group[0]],
-                                 group_variants(args, group)):
+            for r in run_program(tasks[alpha], setup, group[0], main_settings(setup), label, grids[group[0]],
+                                 group_variants(setup, group)):
                 r["alpha"] = alpha
                 if r["method"] == "aced":
-                    r["tau"] = args.tau_algo
+                    r["tau"] = setup.tau_algo
                 records.append(r)
     return records
 
 
-def single_variant(args: argparse.Namespace, method: str,
+def single_variant(setup: AceSettings, method: str,
                    tau_algo: float | None = None) -> list[tuple[str, dict]] | None:
     """The one variant of a method run alone (ACED at ``tau_algo``, default ``--tau-algo``)."""
     if method == "aced":
-        return [("aced", {"tau_algo": args.tau_algo if tau_algo is None else tau_algo})]
-    return group_variants(args, [method])
+        return [("aced", {"tau_algo": setup.tau_algo if tau_algo is None else tau_algo})]
+    return group_variants(setup, [method])
 
 
-def run_dropout_study(tasks: dict[float, Task], args: argparse.Namespace, main_records: list[dict],
+def run_dropout_study(tasks: dict[float, Task], setup: AceSettings, main_records: list[dict],
                       main_chosen: dict) -> tuple[list[dict], list[dict], dict]:
     """Fig. 3a and 3b at (alpha, beta) = ``--dropout-setting``.
 
@@ -652,49 +760,49 @@ def run_dropout_study(tasks: dict[float, Task], args: argparse.Namespace, main_r
     ACED points of Fig. 3a). Training seeds 100000 + 1000 k + s for fraction k.
     Returns the Fig. 3a records, the ablation records and the step sizes.
     """
-    alpha, beta = args.dropout_setting
+    alpha, beta = setup.dropout_setting
     task = tasks[alpha]
-    settings = dropout_settings(args)
+    settings = dropout_settings(setup)
     zero = [s for s in settings if s["fraction"] == 0.0]
     later = [s for s in settings if s["fraction"] > 0.0]
-    taus = [args.dropout_tau_algo] + [t for t in args.tau_ablation if t != args.dropout_tau_algo]
+    taus = [setup.dropout_tau_algo] + [t for t in setup.tau_ablation if t != setup.dropout_tau_algo]
     figure, ablation, chosen = [], [], {}
-    for m in args.dropout_methods:
-        reuse = ((m, alpha, beta) in main_chosen and (m != "aced" or args.tau_algo == args.dropout_tau_algo))
+    for m in setup.dropout_methods:
+        reuse = ((m, alpha, beta) in main_chosen and (m != "aced" or setup.tau_algo == setup.dropout_tau_algo))
         if reuse:
             lr = main_chosen[(m, alpha, beta)]
             at_zero = [dict(r, fraction=0.0) for r in main_records
                        if (r["method"], r["alpha"], r["beta"], r["server_lr"]) == (m, alpha, beta, lr)]
         else:
-            recs = run_program(task, args, m, zero, f"dropout {LABELS[m]} 0% (step sizes)", lr_grid(args, m),
-                               single_variant(args, m, args.dropout_tau_algo))
-            lr = select(recs, args, ())[(m,)]
+            recs = run_program(task, setup, m, zero, f"dropout {LABELS[m]} 0% (step sizes)", lr_grid(setup, m),
+                               single_variant(setup, m, setup.dropout_tau_algo))
+            lr = select(recs, setup, ())[(m,)]
             at_zero = [r for r in recs if r["server_lr"] == lr]
         chosen[m] = lr
         if m == "aced":  # every fraction and every tau_algo at ACED's step size
-            recs = run_program(task, args, m, settings, "dropout ACED, τ_algo ablation", [lr],
+            recs = run_program(task, setup, m, settings, "dropout ACED, τ_algo ablation", [lr],
                                [("aced", {"tau_algo": t}) for t in taus])
             ablation += recs if len(taus) > 1 else []
-            figure += [r for r in recs if r["tau"] == args.dropout_tau_algo]
+            figure += [r for r in recs if r["tau"] == setup.dropout_tau_algo]
         else:
             figure += at_zero
             if later:
-                figure += run_program(task, args, m, later, f"dropout {LABELS[m]}", [lr], single_variant(args, m))
+                figure += run_program(task, setup, m, later, f"dropout {LABELS[m]}", [lr], single_variant(setup, m))
     for r in figure + ablation:
         r["alpha"] = alpha
     return figure, ablation, chosen
 
 
-def add_active_counts(records: list[dict], args: argparse.Namespace) -> None:
+def add_active_counts(records: list[dict], setup: AceSettings) -> None:
     """ACED's mean |A(t)| (host side, from the schedule), overall and over the second half (after the dropout)."""
     cache: dict[tuple, np.ndarray] = {}
-    half = server_steps(args, "aced") // 2
+    half = server_steps(setup, "aced") // 2
     for r in records:
         if r["method"] != "aced":
             continue
         key = (r["beta"], r["seed"], r.get("fraction", 0.0), r["tau"])
         if key not in cache:
-            schedule = make_method_schedule(args, "aced", r["beta"], r["seed"], r.get("fraction", 0.0))
+            schedule = make_method_schedule(setup, "aced", r["beta"], r["seed"], r.get("fraction", 0.0))
             cache[key] = aced_active_counts(schedule, [r["tau"]])[0]
         r["aced_active_mean"] = float(cache[key].mean())
         r["aced_active_after_dropout"] = float(cache[key][half:].mean())
@@ -702,22 +810,22 @@ def add_active_counts(records: list[dict], args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------------------------------------ checks
 def direction_checks(main_rows: list[dict], dropout_rows: list[dict], ablation_rows: list[dict],
-                     args: argparse.Namespace) -> list[str]:
+                     setup: AceSettings) -> list[str]:
     """The paper's claims, checked on the measured means (yes / no, and where)."""
     at = {(r["method"], r["alpha"], r["beta"]): r["accuracy"] for r in main_rows if r["accuracy"] is not None}
-    out = ranking_checks(at, args) + heterogeneity_checks(at, args) + stability_checks(main_rows)
+    out = ranking_checks(at, setup) + heterogeneity_checks(at, setup) + stability_checks(main_rows)
     if dropout_rows:
-        out += dropout_checks(dropout_rows, args)
+        out += dropout_checks(dropout_rows, setup)
     if ablation_rows:
-        out += ablation_checks(ablation_rows, args)
+        out += ablation_checks(ablation_rows, setup)
     return out
 
 
-def ranking_checks(at: dict[tuple, float], args: argparse.Namespace) -> list[str]:
+def ranking_checks(at: dict[tuple, float], setup: AceSettings) -> list[str]:
     """Fig. 2 / Tab. a.2: ACE highest, the paper's order of the methods, and the gaps of three pairs."""
     out = []
-    settings = [(a, b) for a in args.alphas for b in args.betas]
-    methods = args.methods
+    settings = [(a, b) for a in setup.alphas for b in setup.betas]
+    methods = setup.methods
     if "ace" in methods and len(methods) > 1:
         wins = [(a, b) for a, b in settings if ("ace", a, b) in at
                 and all(at[("ace", a, b)] >= at[(m, a, b)] for m in methods if (m, a, b) in at)]
@@ -744,12 +852,12 @@ def ranking_checks(at: dict[tuple, float], args: argparse.Namespace) -> list[str
     return out
 
 
-def heterogeneity_checks(at: dict[tuple, float], args: argparse.Namespace) -> list[str]:
+def heterogeneity_checks(at: dict[tuple, float], setup: AceSettings) -> list[str]:
     """The heterogeneity-amplification index and the direction of alpha and beta (needs two of each)."""
-    if not (len(args.alphas) > 1 and len(args.betas) > 1):
+    if not (len(setup.alphas) > 1 and len(setup.betas) > 1):
         return []
-    methods = args.methods
-    a_lo, a_hi, b_lo, b_hi = args.alphas[0], args.alphas[-1], args.betas[0], args.betas[-1]
+    methods = setup.methods
+    a_lo, a_hi, b_lo, b_hi = setup.alphas[0], setup.alphas[-1], setup.betas[0], setup.betas[-1]
     out, index = [], {}
     for m in methods:
         keys = [(m, a_lo, b_lo), (m, a_lo, b_hi), (m, a_hi, b_lo), (m, a_hi, b_hi)]
@@ -761,11 +869,11 @@ def heterogeneity_checks(at: dict[tuple, float], args: argparse.Namespace) -> li
                    f"[A(α={a_hi:g},β={b_lo:g}) - A(α={a_hi:g},β={b_hi:g})] (paper: > 0 for FedBuff and the "
                    "ASGDs, about 0 for ACE): " + ", ".join(f"{LABELS[m]} {v:+.4f}" for m, v in index.items()))
     drops = [m for m in methods if all((m, a_lo, b) in at and (m, a_hi, b) in at
-                                         and at[(m, a_lo, b)] < at[(m, a_hi, b)] for b in args.betas)]
+                                         and at[(m, a_lo, b)] < at[(m, a_hi, b)] for b in setup.betas)]
     out.append(f"Lower α lowers every method's accuracy at every β: {yes_no(len(drops) == len(methods))} "
                f"(does for: {', '.join(LABELS[m] for m in drops) or 'none'})")
     slower = [m for m in methods if all((m, a, b_lo) in at and (m, a, b_hi) in at
-                                          and at[(m, a, b_hi)] < at[(m, a, b_lo)] for a in args.alphas)]
+                                          and at[(m, a, b_hi)] < at[(m, a, b_lo)] for a in setup.alphas)]
     out.append(f"Larger β lowers every method's accuracy at every α: {yes_no(len(slower) == len(methods))} "
                f"(does for: {', '.join(LABELS[m] for m in slower) or 'none'})")
     return out
@@ -785,22 +893,22 @@ def stability_checks(main_rows: list[dict]) -> list[str]:
             "between evaluations, second half: " + ", ".join(f"{LABELS[m]} {mean[m]:.4f}" for m in order) + ")"]
 
 
-def dropout_checks(dropout_rows: list[dict], args: argparse.Namespace) -> list[str]:
+def dropout_checks(dropout_rows: list[dict], setup: AceSettings) -> list[str]:
     """Fig. 3a: ACED keeps more of its accuracy than ACE under dropouts, and is the most accurate."""
     d = {(r["method"], r["fraction"]): r["accuracy"] for r in dropout_rows if r["accuracy"] is not None}
-    fr = args.dropout_fractions
+    fr = setup.dropout_fractions
     top = fr[-1]
     if not (("ace", 0.0) in d and ("aced", 0.0) in d and top > 0 and ("ace", top) in d and ("aced", top) in d):
         return []
     change_ace = d[("ace", top)] - d[("ace", 0.0)]
     change_aced = d[("aced", top)] - d[("aced", 0.0)]
-    out = [f"ACED (τ_algo={args.dropout_tau_algo:g}) keeps more of its accuracy than ACE from 0% to "
+    out = [f"ACED (τ_algo={setup.dropout_tau_algo:g}) keeps more of its accuracy than ACE from 0% to "
            f"{top:.0%} dropout (Fig. 3a): {yes_no(change_aced > change_ace)} (change: ACED "
            f"{change_aced:+.4f}, ACE {change_ace:+.4f})"]
     wins = [f for f in fr if f > 0 and d[("aced", f)] >= d[("ace", f)]]
     out.append(f"ACED >= ACE at every dropout fraction > 0: {yes_no(len(wins) == len(fr) - 1)} "
                f"(at: {', '.join(f'{f:.0%}' for f in wins) or 'none'})")
-    others = [m for m in args.dropout_methods if m not in ("ace", "aced") and (m, top) in d]
+    others = [m for m in setup.dropout_methods if m not in ("ace", "aced") and (m, top) in d]
     if others:
         best = [m for m in ["aced", "ace", *others] if d[(m, top)] == max(d[(k, top)] for k in
                                                                              ["aced", "ace", *others])]
@@ -808,22 +916,22 @@ def dropout_checks(dropout_rows: list[dict], args: argparse.Namespace) -> list[s
     return out
 
 
-def ablation_checks(ablation_rows: list[dict], args: argparse.Namespace) -> list[str]:
+def ablation_checks(ablation_rows: list[dict], setup: AceSettings) -> list[str]:
     """Fig. 3b: the best tau_algo per dropout fraction, and tau_algo = 1 below every tau_algo in [10, 50]."""
     a = {(r["tau"], r["fraction"]): r["accuracy"] for r in ablation_rows if r["accuracy"] is not None}
     taus = sorted({t for t, _ in a})
     best = []
-    for f in args.dropout_fractions:
+    for f in setup.dropout_fractions:
         vals = {t: a[(t, f)] for t in taus if (t, f) in a}
         if vals:
             best.append(f"{f:.0%}: τ={max(vals, key=vals.get):g}")
     out = ["Best τ_algo per dropout fraction (Fig. 3b: 1 bad, 10-50 good, >= 100 bad): " + ", ".join(best)]
     mid = [t for t in taus if 10 <= t <= 50]
     if 1.0 in taus and mid:
-        worse = [f for f in args.dropout_fractions if (1.0, f) in a
+        worse = [f for f in setup.dropout_fractions if (1.0, f) in a
                  and all(a[(1.0, f)] < a[(t, f)] for t in mid if (t, f) in a)]
         out.append(f"τ_algo = 1 is below every τ_algo in [10, 50] at every fraction: "
-                   f"{yes_no(len(worse) == len(args.dropout_fractions))} "
+                   f"{yes_no(len(worse) == len(setup.dropout_fractions))} "
                    f"(at: {', '.join(f'{f:.0%}' for f in worse) or 'none'})")
     return out
 
@@ -842,38 +950,38 @@ CLAIMS = (("ACE above FedBuff", "ace", "fedbuff", "63.7 vs 55.7"),
           ("CA2FL above FedBuff", "ca2fl", "fedbuff", "61.6 vs 55.7"))
 
 
-def setting_verdicts(selected: list[dict], args: argparse.Namespace) -> dict[tuple[float, float], list]:
+def setting_verdicts(selected: list[dict], setup: AceSettings) -> dict[tuple[float, float], list]:
     """Per (alpha, beta): the verdicts on :data:`CLAIMS` (the selected step sizes' runs) at equal uploads, virtual
     time and local computation (one gradient per upload for every method here, so uploads and local steps agree)."""
     out = {}
-    for a in args.alphas:
-        for b in args.betas:
+    for a in setup.alphas:
+        for b in setup.betas:
             runs = {m: [r for r in selected if (r["method"], r["alpha"], r["beta"]) == (m, a, b)] for m in METHODS}
             out[(a, b)] = claim_verdicts(runs, CLAIMS, y="test_accuracy")
     return out
 
 
-def verdict_section(verdicts: dict[tuple[float, float], list], stats: dict, args: argparse.Namespace) -> list[str]:
+def verdict_section(verdicts: dict[tuple[float, float], list], stats: dict, setup: AceSettings) -> list[str]:
     """The verdict tables, one per setting, each with the share of uploads of the fastest 20% of the clients."""
     lines = []
     for (a, b), vs in verdicts.items():
         s = stats.get(b, {})
-        lines += ["", *verdict_lines(vs, f"Verdicts, Dir(α={a:g}), β={b:g}, seeds {args.seeds}")]
+        lines += ["", *verdict_lines(vs, f"Verdicts, Dir(α={a:g}), β={b:g}, seeds {setup.seeds}")]
         if "fastest_share_ace" in s:
             lines.append(participation_line({"ACE/ACED (every client training)": s["fastest_share_ace"],
-                                             f"FedBuff/CA2FL (Mc = {args.concurrency})": s["fastest_share_fedbuff"]}))
+                                             f"FedBuff/CA2FL (Mc = {setup.concurrency})": s["fastest_share_fedbuff"]}))
     return lines
 
 
-def plot_verdict_figures(selected: list[dict], args: argparse.Namespace, model_title: str) -> list[str]:
+def plot_verdict_figures(selected: list[dict], setup: AceSettings, model_title: str) -> list[str]:
     """``claims_a{alpha}_b{beta}.png``: the paper-style figure of each setting (one line per method, band over
     seeds, against uploads, virtual time and local steps)."""
     written = []
-    for a in args.alphas:
-        for b in args.betas:
+    for a in setup.alphas:
+        for b in setup.betas:
             runs = {m: [r for r in selected if (r["method"], r["alpha"], r["beta"]) == (m, a, b)] for m in METHODS}
             name = f"claims_a{a:g}_b{b:g}.png"
-            plot_methods(runs, os.path.join(args.out, name), f"{model_title}, n = {args.clients}, Dir({a:g}), "
+            plot_methods(runs, os.path.join(setup.out, name), f"{model_title}, n = {setup.clients}, Dir({a:g}), "
                          f"client speeds Exp(β = {b:g}), selected step sizes", y="test_accuracy", labels=LABELS)
             written.append(name)
     return written
@@ -891,59 +999,59 @@ def _cell(row: dict | None, digits: int = 4) -> str:
 
 
 def format_table(main_rows: list[dict], dropout_rows: list[dict], ablation_rows: list[dict], checks: list[str],
-                 setting_stats: dict, args: argparse.Namespace, dataset_name: str, num_params: int,
+                 setting_stats: dict, setup: AceSettings, dataset_name: str, num_params: int,
                  grid_rows: list[dict] | None = None) -> str:
     """``table.md``: the setup, Fig. 2's accuracies beside Tab. a.2, the step sizes and grids, the schedules, the
     dropout study and the claims."""
-    lines = setup_lines(args, dataset_name, num_params) + main_table_lines(main_rows, args)
-    lines += step_size_lines(main_rows, args, grid_rows) + schedule_lines(setting_stats, args)
+    lines = setup_lines(setup, dataset_name, num_params) + main_table_lines(main_rows, setup)
+    lines += step_size_lines(main_rows, setup, grid_rows) + schedule_lines(setting_stats, setup)
     if dropout_rows:
-        lines += dropout_lines(dropout_rows, ablation_rows, args)
+        lines += dropout_lines(dropout_rows, ablation_rows, setup)
     if checks:
         lines += ["", "**The paper's claims, on these means**", ""] + [f"- {c}" for c in checks]
     return "\n".join(lines) + "\n"
 
 
-def setup_lines(args: argparse.Namespace, dataset_name: str, num_params: int) -> list[str]:
+def setup_lines(setup: AceSettings, dataset_name: str, num_params: int) -> list[str]:
     """The title and the paragraph describing the run."""
-    n = args.clients
-    budget = (f"{args.uploads} client uploads per method" if args.budget == "uploads"
-              else f"{args.steps} server iterations per method")
-    delay = (f"client_exp (client i's job time {args.t_fix:g} + s_i Exp(1), s_i ~ Exp(mean β) drawn once per seed)"
-             if args.delay_model == "client_exp" else "iid_exp (every job Exp(mean β), all clients alike)")
+    n = setup.clients
+    budget = (f"{setup.uploads} client uploads per method" if setup.budget == "uploads"
+              else f"{setup.steps} server iterations per method")
+    delay = (f"client_exp (client i's job time {setup.t_fix:g} + s_i Exp(1), s_i ~ Exp(mean β) drawn once per seed)"
+             if setup.delay_model == "client_exp" else "iid_exp (every job Exp(mean β), all clients alike)")
     return [
-        f"# ACE/ACED reproduction ({args.scale} scale{', quick' if args.quick else ''})", "",
-        f"{dataset_name}, model {args.model} ({num_params:,} parameters), n = {n} clients, Dirichlet(α) label split, "
-        f"delays {delay}; {budget}; one minibatch gradient of {args.batch_size} examples per upload (K = 1; "
-        f"FedBuff/CA2FL: one local SGD step, η_l = {args.client_lr:g}, M = {args.buffer_size}, "
-        f"Mc = {args.concurrency}; ASGDs: concurrency {args.asgd_concurrency}, τ_C = {args.asgd_concurrency}; "
+        f"# ACE/ACED reproduction ({setup.scale} scale{', quick' if setup.quick else ''})", "",
+        f"{dataset_name}, model {setup.model} ({num_params:,} parameters), n = {n} clients, Dirichlet(α) label split, "
+        f"delays {delay}; {budget}; one minibatch gradient of {setup.batch_size} examples per upload (K = 1; "
+        f"FedBuff/CA2FL: one local SGD step, η_l = {setup.client_lr:g}, M = {setup.buffer_size}, "
+        f"Mc = {setup.concurrency}; ASGDs: concurrency {setup.asgd_concurrency}, τ_C = {setup.asgd_concurrency}; "
         f"ACE/ACED: every client always training, plus the initialization round of n uploads"
-        + (f"; {args.cache} caches" if args.cache != "float32" else "") + "). Final accuracy = "
-        f"mean of the last {args.final_window} evaluation(s); mean ± 2 SE over seeds {args.seeds}. Step sizes: "
+        + (f"; {setup.cache} caches" if setup.cache != "float32" else "") + "). Final accuracy = "
+        f"mean of the last {setup.final_window} evaluation(s); mean ± 2 SE over seeds {setup.seeds}. Step sizes: "
         + ("each method's best on its grid by final "
-           f"{'training loss' if args.select == 'train_loss' else 'test accuracy'} (per setting)."
-           if any(len(lr_grid(args, m)) > 1 for m in args.methods)
+           f"{'training loss' if setup.select == 'train_loss' else 'test accuracy'} (per setting)."
+           if any(len(lr_grid(setup, m)) > 1 for m in setup.methods)
            else "fixed (no sweep)."),
         "",
     ]
 
 
-def main_table_lines(main_rows: list[dict], args: argparse.Namespace) -> list[str]:
+def main_table_lines(main_rows: list[dict], setup: AceSettings) -> list[str]:
     """Fig. 2's final accuracies beside Tab. a.2, the stability (Fig. a.1) and ACED's mean |A(t)|."""
-    settings = [(a, b) for a in args.alphas for b in args.betas]
+    settings = [(a, b) for a in setup.alphas for b in setup.betas]
     at = {(r["method"], r["alpha"], r["beta"]): r for r in main_rows}
     ours = [f"α={a:g}, β={b:g}" for a, b in settings]
-    lines = [f"**Final test accuracy (Fig. 2{' / Fig. a.2' if args.dataset == 'cifar100' else ''}), beside the "
+    lines = [f"**Final test accuracy (Fig. 2{' / Fig. a.2' if setup.dataset == 'cifar100' else ''}), beside the "
              "paper's Table a.2** (20Newsgroup, β = 5, %, mean ± 2 SE over 5 runs: the paper's reference numbers; "
              "20Newsgroup itself is not reproduced here, the project has no text loader or BERT models)", "",
              "| method | " + " | ".join(ours) + " | paper: " + " | paper: ".join(PAPER_TABLE_A2_COLUMNS) + " |",
              "|" + "---|" * (1 + len(ours) + len(PAPER_TABLE_A2_COLUMNS))]
     for m in PAPER_ORDER[::-1]:
-        if m in args.methods or m in PAPER_TABLE_A2:
-            label = LABELS[m] + (f" (τ_algo={args.tau_algo:g})" if m == "aced" else "")
-            cells = [_cell(at.get((m, a, b))) if m in args.methods else "not run" for a, b in settings]
+        if m in setup.methods or m in PAPER_TABLE_A2:
+            label = LABELS[m] + (f" (τ_algo={setup.tau_algo:g})" if m == "aced" else "")
+            cells = [_cell(at.get((m, a, b))) if m in setup.methods else "not run" for a, b in settings]
             lines.append(table_row([label, *cells, *PAPER_TABLE_A2[m]]))
-    vol = {m: [at[(m, a, b)]["volatility"] for a, b in settings if (m, a, b) in at] for m in args.methods}
+    vol = {m: [at[(m, a, b)]["volatility"] for a, b in settings if (m, a, b) in at] for m in setup.methods}
     if any(vol.values()):
         lines += ["", "Stability (Fig. a.1): mean |change| of the test accuracy between consecutive evaluations over "
                       "the second half of the runs: " + ", ".join(
@@ -951,28 +1059,28 @@ def main_table_lines(main_rows: list[dict], args: argparse.Namespace) -> list[st
     aced = [f"α={a:g}, β={b:g}: {at[('aced', a, b)]['aced_active_mean']:.1f}" for a, b in settings
             if ("aced", a, b) in at and "aced_active_mean" in at[("aced", a, b)]]
     if aced:
-        lines += ["", f"ACED (τ_algo={args.tau_algo:g}) averages over mean |A(t)| = " + "; ".join(aced)
-                  + f" of the {args.clients} clients (from the schedules)."]
+        lines += ["", f"ACED (τ_algo={setup.tau_algo:g}) averages over mean |A(t)| = " + "; ".join(aced)
+                  + f" of the {setup.clients} clients (from the schedules)."]
     return lines
 
 
-def step_size_lines(main_rows: list[dict], args: argparse.Namespace, grid_rows: list[dict] | None) -> list[str]:
+def step_size_lines(main_rows: list[dict], setup: AceSettings, grid_rows: list[dict] | None) -> list[str]:
     """The selected server step sizes and, with a sweep, every grid value's loss and accuracy."""
-    settings = [(a, b) for a in args.alphas for b in args.betas]
+    settings = [(a, b) for a in setup.alphas for b in setup.betas]
     ours = [f"α={a:g}, β={b:g}" for a, b in settings]
     chosen = {(r["method"], r["alpha"], r["beta"]): r["server_lr"] for r in main_rows}
     lines = ["", "**Selected server step sizes η** (FedBuff/CA2FL: x += η mean Δ with Δ = -η_l g; others: "
                  "x -= η g)", "", "| method | " + " | ".join(ours) + " | grid |", "|" + "---|" * (len(ours) + 2)]
-    for m in args.methods:
+    for m in setup.methods:
         cells = [f"{chosen[(m, a, b)]:.4g}" if (m, a, b) in chosen else "-" for a, b in settings]
-        lines.append(table_row([LABELS[m], *cells, ", ".join(f"{v:.4g}" for v in lr_grid(args, m))]))
-    if grid_rows and any(len(lr_grid(args, m)) > 1 for m in args.methods):
+        lines.append(table_row([LABELS[m], *cells, ", ".join(f"{v:.4g}" for v in lr_grid(setup, m))]))
+    if grid_rows and any(len(lr_grid(setup, m)) > 1 for m in setup.methods):
         lines += ["", "**The step-size grids**: final training loss / test accuracy per η, mean over the settings and "
                       "seeds (the training loss chooses, per setting)", "", "| method | η: loss / accuracy |",
                   "|---|---|"]
-        for m in args.methods:
+        for m in setup.methods:
             cells = []
-            for lr in lr_grid(args, m):
+            for lr in lr_grid(setup, m):
                 rows = [g for g in grid_rows if g["method"] == m and g["server_lr"] == lr]
                 loss = [g["train_loss"] for g in rows if g["train_loss"] is not None]
                 acc = [g["accuracy"] for g in rows if g["accuracy"] is not None]
@@ -981,14 +1089,14 @@ def step_size_lines(main_rows: list[dict], args: argparse.Namespace, grid_rows: 
     return lines
 
 
-def schedule_lines(setting_stats: dict, args: argparse.Namespace) -> list[str]:
+def schedule_lines(setting_stats: dict, setup: AceSettings) -> list[str]:
     """Participation and staleness of the schedules, per beta."""
     lines = ["", "**Schedules** (per β, mean over seeds; all-clients-active schedule of ACE: uploads per client "
                  "and staleness in server steps)", "",
              "| β | participation CV | clients with <= 1 upload | max / median uploads | mean staleness (ACE) | "
              "mean staleness (FedBuff, flushes) | virtual time (ACE) | uploads of the fastest 20% (ACE / FedBuff) |",
              "|---|---|---|---|---|---|---|---|"]
-    for b in args.betas:
+    for b in setup.betas:
         s = setting_stats.get(b)
         if s:
             lines.append(f"| {b:g} | {s['participation_cv']:.2f} | {s['share_at_most_one_upload']:.0%} | "
@@ -998,18 +1106,18 @@ def schedule_lines(setting_stats: dict, args: argparse.Namespace) -> list[str]:
     return lines
 
 
-def dropout_lines(dropout_rows: list[dict], ablation_rows: list[dict], args: argparse.Namespace) -> list[str]:
+def dropout_lines(dropout_rows: list[dict], ablation_rows: list[dict], setup: AceSettings) -> list[str]:
     """Fig. 3a's final accuracies per dropout fraction and Fig. 3b's tau_algo ablation with ACED's mean |A(t)|."""
-    alpha, beta = args.dropout_setting
-    fr = args.dropout_fractions
-    n = args.clients
+    alpha, beta = setup.dropout_setting
+    fr = setup.dropout_fractions
+    n = setup.clients
     d = {(r["method"], r["fraction"]): r for r in dropout_rows}
     lines = ["", f"**Dropout robustness (Fig. 3a)**: final test accuracy, Dir({alpha:g}), β = {beta:g}, "
                  "a fraction of the clients leaves for good at the virtual time of the method's step T/2; "
                  "step size selected at 0%", "",
              "| method | η | " + " | ".join(f"{f:.0%}" for f in fr) + " |", "|" + "---|" * (len(fr) + 2)]
-    for m in args.dropout_methods:
-        label = LABELS[m] + (f" (τ_algo={args.dropout_tau_algo:g})" if m == "aced" else "")
+    for m in setup.dropout_methods:
+        label = LABELS[m] + (f" (τ_algo={setup.dropout_tau_algo:g})" if m == "aced" else "")
         lr = next((r["server_lr"] for r in dropout_rows if r["method"] == m), None)
         lines.append(f"| {label} | {lr:.4g} | " + " | ".join(_cell(d.get((m, f))) for f in fr) + " |")
     if not ablation_rows:
@@ -1035,19 +1143,19 @@ STYLES = {"ace": ("-", 2.0), "aced": ("-", 1.4), "ca2fl": ("--", 1.2), "fedbuff"
           "da_asgd": (":", 1.2), "vanilla_asgd": (":", 1.0)}
 
 
-def plot_main(selected: list[dict], args: argparse.Namespace) -> list[str]:
+def plot_main(selected: list[dict], setup: AceSettings) -> list[str]:
     """``accuracy.png`` and ``accuracy_steps.png``: the mean test accuracy against virtual time and against server
     iterations, one panel per (alpha, beta)."""
     plt = pyplot()
     written = []
     for axis, name, xlabel in (("times", "accuracy.png", "virtual time"),
                                ("steps", "accuracy_steps.png", "server iteration")):
-        rows, cols = len(args.alphas), len(args.betas)
+        rows, cols = len(setup.alphas), len(setup.betas)
         fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False, sharey=True)
-        for i, a in enumerate(args.alphas):
-            for j, b in enumerate(args.betas):
+        for i, a in enumerate(setup.alphas):
+            for j, b in enumerate(setup.betas):
                 ax = axes[i][j]
-                for m in args.methods:
+                for m in setup.methods:
                     recs = [r for r in selected if r["method"] == m and r["alpha"] == a and r["beta"] == b]
                     if not recs:
                         continue
@@ -1062,21 +1170,21 @@ def plot_main(selected: list[dict], args: argparse.Namespace) -> list[str]:
             axes[i][0].set_ylabel("test accuracy")
         axes[0][-1].legend(fontsize=7)
         fig.tight_layout()
-        written.append(save_png(fig, args.out, name))
+        written.append(save_png(fig, setup.out, name))
     return written
 
 
 def plot_dropout(dropout_rows: list[dict], ablation_rows: list[dict], dropout_selected: list[dict],
-                 args: argparse.Namespace) -> str:
+                 setup: AceSettings) -> str:
     """``dropout.png``: Fig. 3a, Fig. 3b and the accuracy curves at the largest dropout fraction."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
-    fr = args.dropout_fractions
-    for m in args.dropout_methods:
+    fr = setup.dropout_fractions
+    for m in setup.dropout_methods:
         rows = {r["fraction"]: r for r in dropout_rows if r["method"] == m and r["accuracy"] is not None}
         xs = [f for f in fr if f in rows]
         style, width = STYLES[m]
-        label = LABELS[m] + (f" (τ={args.dropout_tau_algo:g})" if m == "aced" else "")
+        label = LABELS[m] + (f" (τ={setup.dropout_tau_algo:g})" if m == "aced" else "")
         axes[0].errorbar([100 * f for f in xs], [rows[f]["accuracy"] for f in xs],
                          yerr=[rows[f]["accuracy_2se"] or 0.0 for f in xs], fmt=style + "o", markersize=3, capsize=2,
                          linewidth=width, label=label)
@@ -1100,7 +1208,7 @@ def plot_dropout(dropout_rows: list[dict], ablation_rows: list[dict], dropout_se
         ax.legend(fontsize=7)
     top = fr[-1]
     drop_times = []
-    for m in args.dropout_methods:
+    for m in setup.dropout_methods:
         recs = [r for r in dropout_selected if r["method"] == m and r["fraction"] == top]
         if recs:
             end = min(float(r["times"][-1]) for r in recs)
@@ -1117,22 +1225,23 @@ def plot_dropout(dropout_rows: list[dict], ablation_rows: list[dict], dropout_se
     axes[2].grid(alpha=0.3)
     axes[2].legend(fontsize=7)
     fig.tight_layout()
-    return save_png(fig, args.out, "dropout.png")
+    return save_png(fig, setup.out, "dropout.png")
 
 
 # ------------------------------------------------------------------------------------------------ main
-def setting_statistics(args: argparse.Namespace) -> dict:
+def setting_statistics(setup: AceSettings) -> dict:
     """Per beta, participation and staleness of the all-active (ACE) schedule and staleness of FedBuff's, over seeds."""
     out = {}
-    for b in args.betas:
-        ace = [participation_stats(make_method_schedule(args, "ace", b, s)) for s in args.seeds]
-        buf = [participation_stats(make_method_schedule(args, "fedbuff", b, s)) for s in args.seeds]
+    for b in setup.betas:
+        ace = [participation_stats(make_method_schedule(setup, "ace", b, s)) for s in setup.seeds]
+        buf = [participation_stats(make_method_schedule(setup, "fedbuff", b, s)) for s in setup.seeds]
         out[b] = {k: float(np.mean([x[k] for x in ace])) for k in ("participation_cv", "share_at_most_one_upload",
                                                                       "max_over_median_uploads", "virtual_time")}
+        delays = delay_model(setup.delay_model, setup.t_fix, b)
         out[b]["fastest_share_ace"] = float(np.mean([schedule_fastest_share(
-            make_method_schedule(args, "ace", b, s), delay_model(args, b), s) for s in args.seeds]))
+            make_method_schedule(setup, "ace", b, s), delays, s) for s in setup.seeds]))
         out[b]["fastest_share_fedbuff"] = float(np.mean([schedule_fastest_share(
-            make_method_schedule(args, "fedbuff", b, s), delay_model(args, b), s) for s in args.seeds]))
+            make_method_schedule(setup, "fedbuff", b, s), delays, s) for s in setup.seeds]))
         out[b]["staleness_ace"] = f"{np.mean([x['staleness_mean'] for x in ace]):.1f}"
         out[b]["staleness_fedbuff"] = f"{np.mean([x['staleness_mean'] for x in buf]):.2f}"
     return out
@@ -1141,42 +1250,42 @@ def setting_statistics(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """The command: runs the experiments of the arguments and writes ``table.md``, ``results.json`` and the figures
     to ``--out``; 2 when the dataset is not available."""
-    return command_main(argv, parse_args, run_all, write_report, load=load_checked)
+    return command_main(argv, parse_settings, run_all, write_report, load=load_checked)
 
 
-def load_checked(args: argparse.Namespace) -> Dataset:
+def load_checked(setup: AceSettings) -> Dataset:
     """The dataset (a ``DataUnavailable`` says how to run without files), and a note for CIFAR at ``--scale cpu``."""
     try:
-        dataset = load_ace_dataset(args)
+        dataset = load_ace_dataset(setup)
     except DataUnavailable as e:
-        raise DataUnavailable(f"{e}" + ("\n(--dataset synthetic needs no files)" if args.dataset == "fashion_mnist"
+        raise DataUnavailable(f"{e}" + ("\n(--dataset synthetic needs no files)" if setup.dataset == "fashion_mnist"
                                         else "")) from None
-    if args.scale == "cpu" and args.dataset in ("cifar10", "cifar100"):
+    if setup.scale == "cpu" and setup.dataset in ("cifar10", "cifar100"):
         print("note: CIFAR at --scale cpu keeps the CPU settings (equal uploads, tuned step sizes)", file=sys.stderr)
     return dataset
 
 
-def run_all(args: argparse.Namespace, dataset: Dataset) -> tuple[dict[float, Task], dict[str, Any]]:
+def run_all(setup: AceSettings, dataset: Dataset) -> tuple[dict[float, Task], dict[str, Any]]:
     """The tasks (one per alpha) and the results of :func:`run_experiments`."""
-    tasks = make_tasks(args, dataset)
-    return tasks, run_experiments(tasks, args)
+    tasks = make_tasks(setup, dataset)
+    return tasks, run_experiments(tasks, setup)
 
 
-def write_report(args: argparse.Namespace, results: tuple[dict[float, Task], dict[str, Any]], seconds: float) -> str:
+def write_report(setup: AceSettings, results: tuple[dict[float, Task], dict[str, Any]], seconds: float) -> str:
     """``table.md``, ``results.json`` and the figures; returns the table."""
     tasks, result = results
     seconds = round(seconds, 1)
-    dataset_name = ("LEAF Synthetic(1, 1) (pooled, re-split)" if args.dataset == "synthetic"
-                    else DATASET_TITLES[args.dataset])
+    dataset_name = ("LEAF Synthetic(1, 1) (pooled, re-split)" if setup.dataset == "synthetic"
+                    else DATASET_TITLES[setup.dataset])
     table = format_table(result["main"], result["dropout"], result["ablation"], result["checks"], result["stats"],
-                         args, dataset_name, next(iter(tasks.values())).num_params, result["grid"])
-    verdicts = setting_verdicts(result["runs"], args)
-    table += "\n".join(verdict_section(verdicts, result["stats"], args)) + "\n"
+                         setup, dataset_name, next(iter(tasks.values())).num_params, result["grid"])
+    verdicts = setting_verdicts(result["runs"], setup)
+    table += "\n".join(verdict_section(verdicts, result["stats"], setup)) + "\n"
     table += f"\nWall time: {seconds} s.\n"
-    write_outputs(args.out, table, {
+    write_outputs(setup.out, table, {
         "verdicts": {f"{a:g}/{b:g}": [verdict_json(v) for v in vs] for (a, b), vs in verdicts.items()},
-        "args": {k: v for k, v in vars(args).items()},
-        "grids": {m: lr_grid(args, m) for m in METHODS},
+        "args": {k: v for k, v in vars(setup).items()},
+        "grids": {m: lr_grid(setup, m) for m in METHODS},
         "main": result["main"], "grid": result["grid"], "dropout": result["dropout"], "ablation": result["ablation"],
         "dropout_server_lr": result["dropout_server_lr"], "checks": result["checks"],
         "schedules": {f"{b:g}": s for b, s in result["stats"].items()},
@@ -1184,30 +1293,30 @@ def write_report(args: argparse.Namespace, results: tuple[dict[float, Task], dic
         "runs": result["runs"], "dropout_runs": result["dropout_runs"], "seconds": seconds,
     }, indent=1, default=float)
     if result["runs"]:
-        plot_main(result["runs"], args)
-        plot_verdict_figures(result["runs"], args, f"{dataset_name} {args.model}")
+        plot_main(result["runs"], setup)
+        plot_verdict_figures(result["runs"], setup, f"{dataset_name} {setup.model}")
     if result["dropout"]:
-        plot_dropout(result["dropout"], result["ablation"], result["dropout_runs"], args)
+        plot_dropout(result["dropout"], result["ablation"], result["dropout_runs"], setup)
     return table
 
 
-def run_experiments(tasks: dict[float, Task], args: argparse.Namespace) -> dict[str, Any]:
+def run_experiments(tasks: dict[float, Task], setup: AceSettings) -> dict[str, Any]:
     """Fig. 2's comparison (with the step-size selection), the dropout study and the checks: the per-setting rows
     (``main``, ``grid``, ``dropout``, ``ablation``), the selected runs and the schedule statistics."""
-    records = run_main(tasks, args) if args.methods else []
-    chosen = select(records, args, ("alpha", "beta"))
+    records = run_main(tasks, setup) if setup.methods else []
+    chosen = select(records, setup, ("alpha", "beta"))
     selected = [r for r in records if r["server_lr"] == chosen[(r["method"], r["alpha"], r["beta"])]]
-    add_active_counts(selected, args)
-    main_rows = summarize(selected, args, ("alpha", "beta"))
+    add_active_counts(selected, setup)
+    main_rows = summarize(selected, setup, ("alpha", "beta"))
     grid_rows = [{k: r[k] for k in ("method", "alpha", "beta", "server_lr", "accuracy", "train_loss")}
-                 for r in summarize(records, args, ("alpha", "beta", "server_lr"))]
+                 for r in summarize(records, setup, ("alpha", "beta", "server_lr"))]
     dropout_rows, ablation_rows, dropout_selected, dropout_chosen = [], [], [], {}
-    if run_dropout(args):
-        dropout_selected, ablation, dropout_chosen = run_dropout_study(tasks, args, records, chosen)
-        add_active_counts(dropout_selected + ablation, args)
-        dropout_rows = summarize(dropout_selected, args, ("fraction",))
-        ablation_rows = summarize(ablation, args, ("tau", "fraction"))
-    checks = direction_checks(main_rows, dropout_rows, ablation_rows, args)
+    if run_dropout(setup):
+        dropout_selected, ablation, dropout_chosen = run_dropout_study(tasks, setup, records, chosen)
+        add_active_counts(dropout_selected + ablation, setup)
+        dropout_rows = summarize(dropout_selected, setup, ("fraction",))
+        ablation_rows = summarize(ablation, setup, ("tau", "fraction"))
+    checks = direction_checks(main_rows, dropout_rows, ablation_rows, setup)
     return {"main": main_rows, "grid": grid_rows, "dropout": dropout_rows, "ablation": ablation_rows,
-            "dropout_server_lr": dropout_chosen, "checks": checks, "stats": setting_statistics(args),
+            "dropout_server_lr": dropout_chosen, "checks": checks, "stats": setting_statistics(setup),
             "runs": selected, "dropout_runs": dropout_selected}

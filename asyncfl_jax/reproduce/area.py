@@ -92,6 +92,7 @@ from asyncfl_jax.reproduce.curves import first_passage, mean_on_grid, value_on_g
 from asyncfl_jax.reproduce.data import DATASET_TITLES, load_dataset
 from asyncfl_jax.reproduce.grid import command_main, replica_runs, run_grid, setting_seed
 from asyncfl_jax.reproduce.report import pyplot, save_png, write_outputs, yes_no
+from asyncfl_jax.reproduce.settings import ReproductionSettings
 from asyncfl_jax.reproduce.verdicts import (claim_verdicts, participation_line, plot_methods, schedule_fastest_share,
                                             verdict_json, verdict_lines)
 from asyncfl_jax.timing import (PoissonRates, build_past, client_rates, concurrent, cut_at_horizon, poisson_delays,
@@ -301,34 +302,34 @@ def split_data(labels: np.ndarray, n: int, split: str, dirichlet_alpha: float, s
 
 
 # ------------------------------------------------------------------------------------------------ the runs
-def grid_for(method: str, args: argparse.Namespace) -> list[float]:
+def grid_for(method: str, setup: AreaSettings) -> list[float]:
     """The local step sizes alpha swept for a method: ``--alphas``, else the scale's grid."""
-    if args.alphas:
-        return sorted(args.alphas)
-    return sorted(PAPER_GRID if args.scale == "paper" else (QUICK_GRIDS if args.quick else CPU_GRIDS)[method])
+    if setup.alphas:
+        return sorted(setup.alphas)
+    return sorted(PAPER_GRID if setup.scale == "paper" else (QUICK_GRIDS if setup.quick else CPU_GRIDS)[method])
 
 
-def run_method(task: Task, method: str, setting_name: str, setting: dict, args: argparse.Namespace) -> list[dict]:
+def run_method(task: Task, method: str, setting_name: str, setting: dict, setup: AreaSettings) -> list[dict]:
     """One compiled program per (setting, method): replicas = heterogeneity levels x trials x alphas, replica
     (level j, trial s) with the training seed ``setting_seed(j, s)``. Returns one record per replica with its
     curves, its final accuracy and the exact final loss."""
     name, options, kind, fixed = METHODS[method]
-    levels = [poisson_delays(args.rate_mean, std) for std in args.rate_stds]
-    schedules = horizon_schedules(kind, setting, levels, args.trials)
-    grid = grid_for(method, args)
+    levels = [poisson_delays(setup.rate_mean, std) for std in setup.rate_stds]
+    schedules = horizon_schedules(kind, setting, levels, setup.trials)
+    grid = grid_for(method, setup)
     algorithm = skip_empty_steps(get_algorithm(name, **options))
-    cells = [(j, i, s) for j in range(len(levels)) for i, s in enumerate(args.trials)]
-    shares = {(j, i): schedule_fastest_share(schedules[j * len(args.trials) + i], levels[j], s) for j, i, s in cells}
-    replicas = [ReplicaSpec(schedules[j * len(args.trials) + i], seed=setting_seed(j, s),
-                            hparams={**fixed, "weight_decay": args.nu, "client_lr": alpha},
-                            label={"method": method, "alpha": float(alpha), "rate_std": args.rate_stds[j], "trial": s})
+    cells = [(j, i, s) for j in range(len(levels)) for i, s in enumerate(setup.trials)]
+    shares = {(j, i): schedule_fastest_share(schedules[j * len(setup.trials) + i], levels[j], s) for j, i, s in cells}
+    replicas = [ReplicaSpec(schedules[j * len(setup.trials) + i], seed=setting_seed(j, s),
+                            hparams={**fixed, "weight_decay": setup.nu, "client_lr": alpha},
+                            label={"method": method, "alpha": float(alpha), "rate_std": setup.rate_stds[j], "trial": s})
                 for j, i, s in cells for alpha in grid]
     fastest = [shares[j, i] for j, i, _ in cells for _ in grid]
-    eval_every = max(1, int(round(schedules[0].num_steps / args.evals)))
+    eval_every = max(1, int(round(schedules[0].num_steps / setup.evals)))
     frame = run_grid(task, algorithm, replicas, local=LocalConfig(steps=setting["local_steps"],
-                                                                  batch_size=args.batch_size),
+                                                                  batch_size=setup.batch_size),
                      name=f"{setting_name} {method}", eval_every=eval_every,
-                     per_replica=lambda history: {"final_loss": exact_losses(task, history.final_params, args.nu),
+                     per_replica=lambda history: {"final_loss": exact_losses(task, history.final_params, setup.nu),
                                                   "fastest_share": fastest,
                                                   **schedule_columns([r.schedule for r in replicas])})
     frame["time"] = np.minimum(frame["time"], setting["horizon"])  # after the horizon's last step: the model at t_h
@@ -379,14 +380,14 @@ def exact_losses(task: Task, final_params: np.ndarray, nu: float) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------ metrics
-def summarize(records: list[dict], args: argparse.Namespace) -> list[dict]:
+def summarize(records: list[dict], setup: AreaSettings) -> list[dict]:
     """One row per (setting, method, rate_std, alpha): mean/min/max over trials, rho from the trial-mean curve."""
     groups: dict[tuple, list[dict]] = {}
     for rec in records:
         groups.setdefault((rec["setting"], rec["method"], rec["rate_std"], rec["alpha"]), []).append(rec)
     rows = []
     for (setting, method, std, alpha), recs in groups.items():
-        horizon = SETTINGS[setting]["horizon"] if args.horizon is None else args.horizon
+        horizon = SETTINGS[setting]["horizon"] if setup.horizon is None else setup.horizon
         grid = np.linspace(0.0, horizon, 400)
         finite = [r for r in recs if r["diverged_at"] < 0 and math.isfinite(r["final_loss"])]
         row = {"setting": setting, "method": method, "rate_std": std, "alpha": alpha, "trials": len(recs),
@@ -395,8 +396,8 @@ def summarize(records: list[dict], args: argparse.Namespace) -> list[dict]:
             acc = np.array([100.0 * r["final_accuracy"] for r in finite])
             loss = np.array([r["final_loss"] for r in finite])
             curve = mean_on_grid(finite, grid, "times", "accuracy")
-            t_hit = first_passage(grid, curve, args.target)
-            per_trial = [first_passage(grid, value_on_grid(r["times"], r["accuracy"], grid), args.target)
+            t_hit = first_passage(grid, curve, setup.target)
+            per_trial = [first_passage(grid, value_on_grid(r["times"], r["accuracy"], grid), setup.target)
                          for r in finite]
             row.update(acc=float(acc.mean()), acc_min=float(acc.min()), acc_max=float(acc.max()),
                        loss=float(loss.mean()), loss_min=float(loss.min()), loss_max=float(loss.max()),
@@ -477,29 +478,29 @@ def fmt_rho(rho: float | None) -> str:
     return ">1" if rho is None else f"{rho:.2f}"
 
 
-def direction_checks(rows: list[dict], args: argparse.Namespace) -> list[str]:
+def direction_checks(rows: list[dict], setup: AreaSettings) -> list[str]:
     """The paper's claims for each setting, on the measured rows (each method at its best alpha)."""
     out = []
-    for setting in args.settings:
+    for setting in setup.settings:
         best = {(r["method"], r["rate_std"]): r for r in rows if r["setting"] == setting and r["best"]}
-        methods = [m for m in args.methods if m in PAPER_METHODS]
-        for std in args.rate_stds:
+        methods = [m for m in setup.methods if m in PAPER_METHODS]
+        for std in setup.rate_stds:
             cand = [best[(m, std)] for m in methods if (m, std) in best]
             if not cand:
                 continue
             top = max(cand, key=lambda r: r["acc"])
             fastest = min(cand, key=lambda r: math.inf if r["rho"] is None else r["rho"])
             narrow = min(cand, key=lambda r: r["acc_max"] - r["acc_min"])
-            line = (f"{setting}, {level_name(std, args.rate_mean)}: highest final accuracy {top['method']} "
-                    f"({top['acc']:.2f}%, alpha {top['alpha']:g}); reaches {100 * args.target:g}% first "
+            line = (f"{setting}, {level_name(std, setup.rate_mean)}: highest final accuracy {top['method']} "
+                    f"({top['acc']:.2f}%, alpha {top['alpha']:g}); reaches {100 * setup.target:g}% first "
                     f"{fastest['method']} (rho {fmt_rho(fastest['rho'])}); narrowest trial range {narrow['method']}")
             if std in PAPER_RATE_STDS:
-                pa, pr = paper_best(setting, args.split, std, "acc"), paper_best(setting, args.split, std, "rho")
+                pa, pr = paper_best(setting, setup.split, std, "acc"), paper_best(setting, setup.split, std, "rho")
                 line += (f". Paper (MNIST): highest {pa[0]} ({pa[1]:.2f}%), first to 80% {pr[0]} "
                          f"(rho {fmt_rho(None if math.isinf(pr[1]) else pr[1])})")
             out.append(line)
-        if len(args.rate_stds) > 1:
-            lo, hi = min(args.rate_stds), max(args.rate_stds)
+        if len(setup.rate_stds) > 1:
+            lo, hi = min(setup.rate_stds), max(setup.rate_stds)
             change = {m: best[(m, hi)]["acc"] - best[(m, lo)]["acc"] for m in methods
                       if (m, lo) in best and (m, hi) in best}
             if "S-FedAvg" in change and len(change) > 1:
@@ -508,11 +509,11 @@ def direction_checks(rows: list[dict], args: argparse.Namespace) -> list[str]:
                 out.append(f"{setting}: rate spread sd {lo:g} -> {hi:g} costs S-FedAvg more accuracy than every "
                            f"asynchronous method: {yes_no(worst)} (change of the best final accuracy, "
                            "points: " + ", ".join(f"{m} {d:+.2f}" for m, d in change.items())
-                           + ")" + paper_change(setting, args.split, lo, hi))
+                           + ")" + paper_change(setting, setup.split, lo, hi))
         largest = {}
         for m in ("AREA", "FedBuff"):
             group = [r for r in rows if r["setting"] == setting and r["method"] == m
-                     and r["rate_std"] == min(args.rate_stds)]
+                     and r["rate_std"] == min(setup.rate_stds)]
             finite = [r["alpha"] for r in group if r["finite_trials"] == r["trials"]]
             if finite:
                 above = [r for r in group if r["alpha"] > max(finite)]
@@ -531,32 +532,32 @@ def direction_checks(rows: list[dict], args: argparse.Namespace) -> list[str]:
     return out
 
 
-def format_tables(rows: list[dict], args: argparse.Namespace, seconds: float) -> str:
+def format_tables(rows: list[dict], setup: AreaSettings, seconds: float) -> str:
     """``table.md``: per setting and rate level, every method and alpha beside the paper's row; then the claims."""
-    lines = [f"# AREA reproduction ({args.scale} scale{', quick' if args.quick else ''})", "",
-             f"Dataset {args.dataset}, split {args.split}"
-             + (f" (Dirichlet {args.dirichlet_alpha:g})" if args.split == "dirichlet" else "")
-             + f", area_logreg (no bias, W = 0), nu = {args.nu:g}, batch {args.batch_size}, trials {args.trials}, "
-             f"target accuracy for rho {100 * args.target:g}%. Accuracy in %, mean (min-max) over trials; loss = mean "
+    lines = [f"# AREA reproduction ({setup.scale} scale{', quick' if setup.quick else ''})", "",
+             f"Dataset {setup.dataset}, split {setup.split}"
+             + (f" (Dirichlet {setup.dirichlet_alpha:g})" if setup.split == "dirichlet" else "")
+             + f", area_logreg (no bias, W = 0), nu = {setup.nu:g}, batch {setup.batch_size}, trials {setup.trials}, "
+             f"target accuracy for rho {100 * setup.target:g}%. Accuracy in %, mean (min-max) over trials; loss = mean "
              "CE over all training examples + (nu/2)||W||^2 at t_h. 'retained': the two largest alphas with a finite "
              "loss in every trial (the paper's rule); '*': the alpha with the highest mean final accuracy among those "
              "finite in every trial (drawn in the figures). "
              "Paper columns: the paper's Tables 3-10 at the same alpha (MNIST)"
-             + ("" if args.dataset == "mnist" else "; this run is not on MNIST, so compare directions only") + ".",
+             + ("" if setup.dataset == "mnist" else "; this run is not on MNIST, so compare directions only") + ".",
              ""]
-    for setting in args.settings:
+    for setting in setup.settings:
         s = SETTINGS[setting]
-        n = args.clients or s["n"]
-        horizon = args.horizon or s["horizon"]
-        table = s["tables"][args.split]
+        n = setup.clients or s["n"]
+        horizon = setup.horizon or s["horizon"]
+        table = s["tables"][setup.split]
         lines += [f"## {setting}: n = {n}, M = {s['local_steps']}, t_h = {horizon:g}, Delta = {s['buffer']} "
                   f"(paper Table {table})", ""]
-        for std in args.rate_stds:
-            lines += [f"**{level_name(std, args.rate_mean)}**", "",
+        for std in setup.rate_stds:
+            lines += [f"**{level_name(std, setup.rate_mean)}**", "",
                       "| method | alpha | retained | rho | paper rho | acc % | paper acc % | loss | paper loss |"
                       " trials finite | uploads | mean staleness |",
                       "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-            for method in args.methods:
+            for method in setup.methods:
                 ours = {r["alpha"]: r for r in rows if r["setting"] == setting and r["method"] == method
                         and r["rate_std"] == std}
                 theirs = PAPER.get((table, method, std), {}) if std in PAPER_RATE_STDS else {}
@@ -580,7 +581,7 @@ def format_tables(rows: list[dict], args: argparse.Namespace, seconds: float) ->
                     cells.append(f"{r['staleness_mean']:.1f}" if r and r.get("staleness_mean") is not None else "-")
                     lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
-    checks = direction_checks(rows, args)
+    checks = direction_checks(rows, setup)
     if checks:
         lines += ["## The paper's claims, on these runs", ""] + [f"- {c}" for c in checks] + [""]
     lines += ["Not available in the project: " + "; ".join(f"{k} ({v})" for k, v in UNAVAILABLE.items()) + ".", "",
@@ -604,13 +605,13 @@ def best_alpha_runs(records: list[dict], rows: list[dict], setting: str, std: fl
             for m, a in best.items()}
 
 
-def setting_verdicts(records: list[dict], rows: list[dict], args: argparse.Namespace) -> dict[str, list]:
+def setting_verdicts(records: list[dict], rows: list[dict], setup: AreaSettings) -> dict[str, list]:
     """Per setting and rate level: the verdicts on :data:`CLAIMS`, each method at its best alpha, at equal virtual
     time (the paper's axis: the horizon t_h), equal uploads and equal local computation."""
     out = {}
-    for setting in args.settings:
-        for std in args.rate_stds:
-            claims = [(text, m, b, paper_claim_text(setting, args.split, std, m, b)) for text, m, b in CLAIMS]
+    for setting in setup.settings:
+        for std in setup.rate_stds:
+            claims = [(text, m, b, paper_claim_text(setting, setup.split, std, m, b)) for text, m, b in CLAIMS]
             out[f"{setting}, rate sd {std:g}"] = claim_verdicts(best_alpha_runs(records, rows, setting, std), claims)
     return out
 
@@ -625,15 +626,15 @@ def paper_claim_text(setting: str, split: str, std: float, method: str, baseline
     return f"{best[method]:.2f} vs {best[baseline]:.2f} (Table {table}, MNIST, best alpha)"
 
 
-def verdict_section(records: list[dict], verdicts: dict[str, list], args: argparse.Namespace) -> list[str]:
+def verdict_section(records: list[dict], verdicts: dict[str, list], setup: AreaSettings) -> list[str]:
     """The verdict tables, each with the share of uploads of the fastest 20% of the clients (AREA's schedules)."""
     lines = []
-    for setting in args.settings:
-        for std in args.rate_stds:
+    for setting in setup.settings:
+        for std in setup.rate_stds:
             key = f"{setting}, rate sd {std:g}"
             shares = [r["fastest_share"] for r in records if (r["setting"], r["rate_std"], r["method"]) ==
                       (setting, std, "AREA")]
-            lines += verdict_lines(verdicts.get(key, []), f"Verdicts, {key}, trials {args.trials}")
+            lines += verdict_lines(verdicts.get(key, []), f"Verdicts, {key}, trials {setup.trials}")
             if shares:
                 lines += [participation_line({"AREA / FedBuff / AS-FedAvg (every client training)":
                                               float(np.mean(shares))}), ""]
@@ -641,20 +642,20 @@ def verdict_section(records: list[dict], verdicts: dict[str, list], args: argpar
 
 
 # ------------------------------------------------------------------------------------------------ figures
-def plot(records: list[dict], rows: list[dict], args: argparse.Namespace) -> list[str]:
+def plot(records: list[dict], rows: list[dict], setup: AreaSettings) -> list[str]:
     """``curves_<setting>.png`` (accuracy and training loss against virtual time, each method at its best alpha) and,
     with two or more levels, ``heterogeneity_<setting>.png`` (final accuracy and rho against the rate spread)."""
     plt = pyplot()
     written = []
     colors = {m: f"C{i}" for i, m in enumerate(METHODS)}
-    for setting in args.settings:
-        horizon = args.horizon or SETTINGS[setting]["horizon"]
+    for setting in setup.settings:
+        horizon = setup.horizon or SETTINGS[setting]["horizon"]
         grid = np.linspace(0.0, horizon, 400)
         best = {(r["method"], r["rate_std"]): r["alpha"] for r in rows if r["setting"] == setting and r["best"]}
-        fig, axes = plt.subplots(2, len(args.rate_stds), figsize=(4.4 * len(args.rate_stds), 6.4), squeeze=False,
+        fig, axes = plt.subplots(2, len(setup.rate_stds), figsize=(4.4 * len(setup.rate_stds), 6.4), squeeze=False,
                                  sharex=True)
-        for col, std in enumerate(args.rate_stds):
-            for method in args.methods:
+        for col, std in enumerate(setup.rate_stds):
+            for method in setup.methods:
                 if (method, std) not in best:
                     continue
                 recs = [r for r in records if r["setting"] == setting and r["method"] == method
@@ -669,8 +670,8 @@ def plot(records: list[dict], rows: list[dict], args: argparse.Namespace) -> lis
                             linewidth=1.8 if method == "AREA" else 1.1,
                             label=f"{method} (alpha {best[(method, std)]:g})")
                     ax.fill_between(grid, curves.min(axis=0), curves.max(axis=0), color=colors[method], alpha=0.15)
-            axes[0][col].axhline(100 * args.target, color="grey", linewidth=0.6)
-            axes[0][col].set_title(level_name(std, args.rate_mean), fontsize=9)
+            axes[0][col].axhline(100 * setup.target, color="grey", linewidth=0.6)
+            axes[0][col].set_title(level_name(std, setup.rate_mean), fontsize=9)
             axes[0][col].set_ylim(0, 100)
             axes[1][col].set_yscale("log")
             axes[1][col].set_xlabel("virtual (wall-clock) time")
@@ -679,12 +680,12 @@ def plot(records: list[dict], rows: list[dict], args: argparse.Namespace) -> lis
             axes[0][col].legend(fontsize=7, loc="lower right")
         axes[0][0].set_ylabel("test accuracy (%)")
         axes[1][0].set_ylabel("training CE (sample, no l2 term)")
-        fig.suptitle(f"{setting}, {args.dataset}, {args.split}: mean over trials, band = min-max", fontsize=10)
+        fig.suptitle(f"{setting}, {setup.dataset}, {setup.split}: mean over trials, band = min-max", fontsize=10)
         fig.tight_layout()
-        written.append(save_png(fig, args.out, f"curves_{setting}.png"))
-        if len(args.rate_stds) > 1:
+        written.append(save_png(fig, setup.out, f"curves_{setting}.png"))
+        if len(setup.rate_stds) > 1:
             fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-            for method in args.methods:
+            for method in setup.methods:
                 pts = [r for r in rows if r["setting"] == setting and r["method"] == method and r["best"]]
                 pts.sort(key=lambda r: r["rate_std"])
                 if not pts:
@@ -696,13 +697,13 @@ def plot(records: list[dict], rows: list[dict], args: argparse.Namespace) -> lis
                 axes[1].plot(x, [1.05 if r["rho"] is None else r["rho"] for r in pts], color=colors[method],
                              marker="o", label=method)
             axes[0].set_ylabel("final test accuracy (%), best alpha")
-            axes[1].set_ylabel(f"rho = t_{100 * args.target:g} / t_h (1.05: never)")
+            axes[1].set_ylabel(f"rho = t_{100 * setup.target:g} / t_h (1.05: never)")
             for ax in axes:
                 ax.set_xlabel("sd of the client rates lambda_i")
                 ax.grid(alpha=0.3)
             axes[0].legend(fontsize=7)
             fig.tight_layout()
-            written.append(save_png(fig, args.out, f"heterogeneity_{setting}.png"))
+            written.append(save_png(fig, setup.out, f"heterogeneity_{setting}.png"))
     return written
 
 
@@ -778,60 +779,127 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@dataclasses.dataclass(frozen=True)
+class AreaSettings(ReproductionSettings):
+    """The settings of one AREA reproduction: the command line's options after :func:`parse_args` filled in the
+    defaults of ``--scale`` and ``--quick``, added ``--extras`` to the methods (in table order), numbered the trials and
+    sorted the rate levels. Build it with :func:`parse_settings` (a command line) or :meth:`from_keywords` (the
+    options as keywords); both check it alike.
+
+    Attributes:
+        scale: ``cpu`` (Fashion-MNIST, the headline setting) or ``paper`` (MNIST, every setting of Tables 3-6).
+        quick: the cpu setting cut to t_h = 4, one trial, two alphas per method.
+        dataset: ``mnist``, ``fashion_mnist`` or ``synthetic``.
+        data_dir: the folder of the IDX files (or the TFDS data folder); None: the default places.
+        split: ``dirichlet`` or ``iid``, the split of the data over the clients.
+        dirichlet_alpha: the Dirichlet concentration of the ``dirichlet`` split.
+        settings: the paper's settings run (``SETTINGS`` keys: n, local steps M, horizon, buffer).
+        methods: the methods run (table order; with ``extras``, AsyncSGD, MIFA and FedAsync too).
+        extras: add the methods that are not in the paper.
+        trials: the trials, ``[0, ..., N - 1]`` (trial s: timing seed s).
+        rate_mean: the mean of the clients' rates lambda_i ~ N(mean, sd^2).
+        rate_stds: the heterogeneity levels, sd of the rates (sorted, distinct).
+        alphas: one local step size grid for every method, or None (each method's grid).
+        nu: the local SGD's coupled weight decay ((nu/2) ||W||^2).
+        batch_size: the clients' minibatch.
+        evals: the evaluations per run (about).
+        train_eval_size: the training examples of the loss curves.
+        target: the test accuracy of rho = t_target / t_h.
+        clients: n overriding the settings' (tests), or None.
+        horizon: t_h overriding the settings', or None.
+        out: the output folder.
+    """
+
+    scale: str
+    quick: bool
+    dataset: str
+    data_dir: str | None
+    split: str
+    dirichlet_alpha: float
+    settings: list[str]
+    methods: list[str]
+    extras: bool
+    trials: list[int]
+    rate_mean: float
+    rate_stds: list[float]
+    alphas: list[float] | None
+    nu: float
+    batch_size: int
+    evals: int
+    train_eval_size: int
+    target: float
+    clients: int | None
+    horizon: float | None
+    out: str
+
+    @classmethod
+    def from_keywords(cls, **options: Any) -> AreaSettings:
+        """The settings of the command line that gives ``options`` (``dest=value`` as the flags take them, e.g.
+        ``quick=True, trials=2, methods=["AREA", "FedBuff"]``): the same defaults, filling and checks as
+        :func:`parse_args`; a refused value raises :class:`~asyncfl_jax.reproduce.settings.SettingsError` with the
+        command line's message."""
+        return cls._from_keywords(build_parser(), parse_args, options)
+
+
+def parse_settings(argv: list[str] | None = None) -> AreaSettings:
+    """The settings of a command line (:func:`parse_args`; a bad argument exits with a usage error)."""
+    return AreaSettings.from_args(parse_args(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command: runs every setting and method of the arguments and writes ``table.md``, ``results.json`` and the
     figures to ``--out``; 2 when the dataset is not available."""
-    return command_main(argv, parse_args, run_all, write_report,
-                        load=lambda args: load_dataset(args.dataset, args.data_dir, args.data_dir,
-                                                       synthetic_clients=30))
+    return command_main(argv, parse_settings, run_all, write_report,
+                        load=lambda setup: load_dataset(setup.dataset, setup.data_dir, setup.data_dir,
+                                                        synthetic_clients=30))
 
 
-def run_all(args: argparse.Namespace, dataset: Any) -> dict[str, Any]:
+def run_all(setup: AreaSettings, dataset: Any) -> dict[str, Any]:
     """Every (setting, method) program: the runs, the clients' data sizes and rates of each setting."""
     records, partitions, rates = [], {}, {}
     model = make_model("area_logreg", dataset.input_shape, dataset.num_classes, seed=0)
-    for setting_name in args.settings:
-        setting = setting_of(setting_name, args)
-        parts = split_data(dataset.train_y, setting["n"], args.split, args.dirichlet_alpha)
+    for setting_name in setup.settings:
+        setting = setting_of(setting_name, setup)
+        parts = split_data(dataset.train_y, setting["n"], setup.split, setup.dirichlet_alpha)
         partitions[setting_name] = [int(len(q)) for q in parts]
-        rates[setting_name] = {f"{std:g}": [client_rates(setting["n"], args.rate_mean, std, s).round(4).tolist()
-                                            for s in args.trials] for std in args.rate_stds}
-        task = make_task(dataset, parts, model, train_eval_size=args.train_eval_size)
-        for method in args.methods:
-            records += run_method(task, method, setting_name, setting, args)
+        rates[setting_name] = {f"{std:g}": [client_rates(setting["n"], setup.rate_mean, std, s).round(4).tolist()
+                                            for s in setup.trials] for std in setup.rate_stds}
+        task = make_task(dataset, parts, model, train_eval_size=setup.train_eval_size)
+        for method in setup.methods:
+            records += run_method(task, method, setting_name, setting, setup)
     return {"runs": records, "client_sizes": partitions, "rates": rates}
 
 
-def write_report(args: argparse.Namespace, results: dict[str, Any], seconds: float) -> str:
+def write_report(setup: AreaSettings, results: dict[str, Any], seconds: float) -> str:
     """``table.md``, ``results.json`` and the figures; returns the table."""
     records = results["runs"]
-    rows = summarize(records, args)
-    table = format_tables(rows, args, seconds)
-    verdicts = setting_verdicts(records, rows, args)
-    table += "\n".join(verdict_section(records, verdicts, args)) + "\n"
+    rows = summarize(records, setup)
+    table = format_tables(rows, setup, seconds)
+    verdicts = setting_verdicts(records, rows, setup)
+    table += "\n".join(verdict_section(records, verdicts, setup)) + "\n"
     paper = [{"table": t, "method": m, "rate_std": s, "alpha": a, **v} for (t, m, s), d in PAPER.items()
              for a, v in d.items()]
-    write_outputs(args.out, table, {"args": vars(args), "rows": rows, "checks": direction_checks(rows, args),
+    write_outputs(setup.out, table, {"args": vars(setup), "rows": rows, "checks": direction_checks(rows, setup),
                                     "runs": records, "client_sizes": results["client_sizes"],
                                     "rates": results["rates"], "paper": paper,
                                     "verdicts": {k: [verdict_json(v) for v in vs] for k, vs in verdicts.items()},
                                     "seconds": round(seconds, 1)})
-    plot(records, rows, args)
-    for setting in args.settings:
-        for std in args.rate_stds:
+    plot(records, rows, setup)
+    for setting in setup.settings:
+        for std in setup.rate_stds:
             plot_methods(best_alpha_runs(records, rows, setting, std),
-                         os.path.join(args.out, f"claims_{setting}_sd{std:g}.png"),
-                         f"{DATASET_TITLES.get(args.dataset, args.dataset)} logreg, {setting}, "
-                         f"rates N({args.rate_mean:g}, {std:g}^2), each method at its best alpha")
+                         os.path.join(setup.out, f"claims_{setting}_sd{std:g}.png"),
+                         f"{DATASET_TITLES.get(setup.dataset, setup.dataset)} logreg, {setting}, "
+                         f"rates N({setup.rate_mean:g}, {std:g}^2), each method at its best alpha")
     return table
 
 
-def setting_of(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def setting_of(name: str, setup: AreaSettings) -> dict[str, Any]:
     """A setting of ``SETTINGS`` with ``--clients`` and ``--horizon`` applied."""
     setting = dict(SETTINGS[name])
-    if args.clients:
-        setting["n"] = args.clients
-        setting["participants"] = None if args.clients <= 4 else min(4, args.clients)
-    if args.horizon:
-        setting["horizon"] = args.horizon
+    if setup.clients:
+        setting["n"] = setup.clients
+        setting["participants"] = None if setup.clients <= 4 else min(4, setup.clients)
+    if setup.horizon:
+        setting["horizon"] = setup.horizon
     return setting

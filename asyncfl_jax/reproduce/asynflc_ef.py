@@ -77,6 +77,7 @@ digest's recommendations (A2-A4).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -98,6 +99,7 @@ from asyncfl_jax.reproduce.report import (distinct_seeds_problem, fmt_bits, fmt_
                                           round_up, to_json, yes_no)
 from asyncfl_jax.results import save_figure, write_atomic
 from asyncfl_jax.timing import DelayModel, delay_statistics, window_schedule
+from asyncfl_jax.reproduce.settings import ReproductionSettings
 
 # ------------------------------------------------------------------------------------------------ the paper's numbers
 # Table III: uplink GB to reach the target accuracy (non-IID), per task (target, {method: GB}).
@@ -327,19 +329,19 @@ def argument_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def heatmap_cells(args: argparse.Namespace) -> list[tuple[float, int | None, str]]:
+def heatmap_cells(args: AsynflcEfSettings) -> list[tuple[float, int | None, str]]:
     """(fraction, bits or None for top-k alone, method name) of every heat-map cell."""
     return [(f, b, ef_name(f, b)) for f in args.fractions for b in [*sorted(args.quant_bits), None]]
 
 
-def all_methods(args: argparse.Namespace) -> list[Method]:
+def all_methods(args: AsynflcEfSettings) -> list[Method]:
     """The main comparison's methods, then the heat-map cells not among them."""
     names = [m.name for m in args.method_specs]
     extra = [parse_method(name, args.qsgd_norm) for _, _, name in heatmap_cells(args) if name not in names]
     return list(args.method_specs) + extra
 
 
-def settings_of(task_name: str, args: argparse.Namespace) -> dict:
+def settings_of(task_name: str, args: AsynflcEfSettings) -> dict:
     """The resolved settings of one task."""
     t = TASKS[task_name]
     model = args.model or t["model"]
@@ -358,7 +360,7 @@ def settings_of(task_name: str, args: argparse.Namespace) -> dict:
     }
 
 
-def seeds_per_program(task_name: str, args: argparse.Namespace) -> int:
+def seeds_per_program(task_name: str, args: AsynflcEfSettings) -> int:
     """``--seeds-per-program``, else 1 for a task that asks for it (AlexNet: n x d state per replica), else all."""
     if args.seeds_per_program:
         return int(args.seeds_per_program)
@@ -366,13 +368,13 @@ def seeds_per_program(task_name: str, args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ data
-def check_data(task_name: str, args: argparse.Namespace) -> str | None:
+def check_data(task_name: str, args: AsynflcEfSettings) -> str | None:
     """None if the task's dataset can be read, else a message saying what is missing and how to get it."""
     problem = check_dataset(TASKS[task_name]["dataset"], args.data_dir, args.tfds_data_dir)
     return None if problem is None else f"task {task_name}: {problem}"
 
 
-def load_task_dataset(task_name: str, clients: int, args: argparse.Namespace) -> Dataset:
+def load_task_dataset(task_name: str, clients: int, args: AsynflcEfSettings) -> Dataset:
     """The task's dataset (IDX files from ``--data-dir``, TFDS from ``--tfds-data-dir``; Synthetic(1, 1) with one
     generator per client)."""
     return load_dataset(TASKS[task_name]["dataset"], args.data_dir, args.tfds_data_dir, synthetic_clients=clients)
@@ -498,7 +500,7 @@ def paper_reference(row_name: str | None, method: str) -> dict | None:
             "uploads_ratio": gb[method] / (gb["AsynFL"] * spec.bit_fraction)}
 
 
-def run_task(task_name: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_task(task_name: str, args: AsynflcEfSettings) -> dict[str, Any]:
     """Every method of the main comparison and the heat map, and the waiting-time part, on one task."""
     cfg = settings_of(task_name, args)
     dataset = load_task_dataset(task_name, cfg["clients"], args)
@@ -524,7 +526,7 @@ def run_task(task_name: str, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def run_methods(task: Task, dataset_name: str, windows: list[Schedule], every: int, args: argparse.Namespace,
+def run_methods(task: Task, dataset_name: str, windows: list[Schedule], every: int, args: AsynflcEfSettings,
                 cfg: dict) -> tuple[list[dict], dict[str, dict]]:
     """One program per method (the AsynFL family on the window schedules, FedBuff on buffer schedules with as many
     uploads as the window runs make at most): the rows and the runs, by method name."""
@@ -574,7 +576,7 @@ def curves_of(rows: list[dict], runs: dict) -> dict:
     return out
 
 
-def heatmap(rows: list[dict], args: argparse.Namespace, cfg: dict) -> list[dict]:
+def heatmap(rows: list[dict], args: AsynflcEfSettings, cfg: dict) -> list[dict]:
     """The cells of the k/d x quantization-bits grid of AsynFLC-EF, beside the paper's where Table III has them."""
     at = {r["method"]: r for r in rows}
     cells = []
@@ -587,7 +589,7 @@ def heatmap(rows: list[dict], args: argparse.Namespace, cfg: dict) -> list[dict]
     return cells
 
 
-def run_windows(task: Task, args: argparse.Namespace, cfg: dict, rows: list[dict]) -> dict[str, Any]:
+def run_windows(task: Task, args: AsynflcEfSettings, cfg: dict, rows: list[dict]) -> dict[str, Any]:
     """Fig. 4: the window method at every waiting time W as one program (replica (W_j, seed s): the window schedule
     of timing seed s, training seed ``setting_seed(j, s)``), at the server lr chosen for it in the main comparison."""
     method = parse_method(args.window_method, args.qsgd_norm)
@@ -966,7 +968,7 @@ def plot_windows(results: list[dict], path: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ main
-def plan(args: argparse.Namespace) -> str:
+def plan(args: AsynflcEfSettings) -> str:
     """The settings, the programs and an estimate of the biggest program's memory, per task."""
     lines = []
     for name in args.tasks:
@@ -995,14 +997,103 @@ def plan(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+@dataclasses.dataclass(frozen=True)
+class AsynflcEfSettings(ReproductionSettings):
+    """The settings of one AsynFLC-EF reproduction: the command line's options after :func:`parse_args` filled in
+    the defaults of ``--scale`` and ``--quick`` and parsed the methods (``method_specs``). Build it with
+    :func:`parse_settings` (a command line) or :meth:`from_keywords` (the options as keywords); both check it alike.
+
+    Attributes:
+        scale: the scale of ``SCALES`` (``cpu``: Fashion-MNIST logreg, n = 50; ``paper``: the paper's tasks).
+        tasks: the tasks run (``TASKS`` keys).
+        quick: one seed, 30 rounds, a server lr grid of two values.
+        dry_run: print the plan (settings, programs, memory) and stop.
+        from_results: a ``results.json`` whose table and figures are remade without running, or None.
+        methods: the methods of the main comparison (their names, e.g. ``AsynFLC-EF(top3)``).
+        fractions: the k/d of the heat map (empty: no heat map).
+        quant_bits: the quantization bits of the heat map.
+        windows: the waiting times W (s) of the Fig. 4 part (empty: no Fig. 4 part).
+        window_method: the method of the Fig. 4 part.
+        clients: n, the number of clients.
+        rounds: T, the AsynFL rounds per run (None: per task).
+        seeds: the training and timing seeds (distinct, in [0, 1000)).
+        server_lr: the eta_g grid of the AsynFL family.
+        fedbuff_server_lr: the eta_g grid of FedBuff.
+        client_lr: the local SGD step size eta (None: per task).
+        target: the test accuracy to reach (None: per task).
+        model: the model overriding the task's, or None.
+        local_steps: K, the local SGD steps per job.
+        batch_size: the clients' minibatch.
+        window: the AsynFL servers' waiting time W in seconds.
+        window_semantics: ``wait`` (a reporting client restarts from x_{t+1} when the window closes) or
+            ``immediate`` (it restarts at once from x_t).
+        buffer_size: FedBuff's M.
+        dirichlet_alpha: the concentration of the Dirichlet label split.
+        iid: a uniform split instead of the Dirichlet one.
+        qsgd_norm: the scale of AsynFLC(Qb): ``max`` (max-abs) or ``l2`` (literal QSGD).
+        evals: the evaluations per run (about).
+        seeds_per_program: the seeds run together in one program (None: all, or the task's).
+        data_dir: the folder of the MNIST / Fashion-MNIST IDX files; None: the default places.
+        tfds_data_dir: the TFDS data folder (CIFAR-10); None: ``$TFDS_DATA_DIR``.
+        out: the output folder.
+        method_specs: the parsed methods of ``methods`` (:class:`Method`), in order, without repeats.
+    """
+
+    scale: str
+    tasks: list[str]
+    quick: bool
+    dry_run: bool
+    from_results: str | None
+    methods: list[str]
+    fractions: list[float]
+    quant_bits: list[int]
+    windows: list[float]
+    window_method: str
+    clients: int
+    rounds: int | None
+    seeds: list[int]
+    server_lr: list[float]
+    fedbuff_server_lr: list[float]
+    client_lr: float | None
+    target: float | None
+    model: str | None
+    local_steps: int
+    batch_size: int
+    window: float
+    window_semantics: str
+    buffer_size: int
+    dirichlet_alpha: float
+    iid: bool
+    qsgd_norm: str
+    evals: int
+    seeds_per_program: int | None
+    data_dir: str | None
+    tfds_data_dir: str | None
+    out: str
+    method_specs: list[Method]
+
+    @classmethod
+    def from_keywords(cls, **options: Any) -> AsynflcEfSettings:
+        """The settings of the command line that gives ``options`` (``dest=value`` as the flags take them, e.g.
+        ``quick=True, methods=["AsynFL", "AsynFLC-EF(top3)"], windows=[]``): the same defaults, filling and checks
+        as :func:`parse_args`; a refused value raises :class:`~asyncfl_jax.reproduce.settings.SettingsError` with
+        the command line's message."""
+        return cls._from_keywords(build_parser(), parse_args, options)
+
+
+def parse_settings(argv: list[str] | None = None) -> AsynflcEfSettings:
+    """The settings of a command line (:func:`parse_args`; a bad argument exits with a usage error)."""
+    return AsynflcEfSettings.from_args(parse_args(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command: ``--dry-run`` prints the plan, ``--from-results`` remakes the table and figures, else every task
     runs and ``table.md``, ``results.json`` and the figures are written to ``--out``; 2 when data are missing."""
-    return command_main(argv, parse_args, lambda args, _: [run_task(name, args) for name in args.tasks],
+    return command_main(argv, parse_settings, lambda args, _: [run_task(name, args) for name in args.tasks],
                         report_runs, load=check_tasks_data, early=without_running)
 
 
-def without_running(args: argparse.Namespace) -> int | None:
+def without_running(args: AsynflcEfSettings) -> int | None:
     """``--dry-run`` (the plan) and ``--from-results`` (the table and figures of saved results): 0; else None."""
     if args.dry_run:
         print(plan(args))
@@ -1017,7 +1108,7 @@ def without_running(args: argparse.Namespace) -> int | None:
     return None
 
 
-def check_tasks_data(args: argparse.Namespace) -> None:
+def check_tasks_data(args: AsynflcEfSettings) -> None:
     """``DataUnavailable`` listing every task whose data are missing."""
     missing = [m for m in (check_data(t, args) for t in args.tasks) if m]
     if missing:
@@ -1025,7 +1116,7 @@ def check_tasks_data(args: argparse.Namespace) -> None:
                               "--tasks fmnist_mlp; --tasks synthetic_logreg needs no download).")
 
 
-def report_runs(args: argparse.Namespace, results: list[dict], seconds: float) -> str:
+def report_runs(args: AsynflcEfSettings, results: list[dict], seconds: float) -> str:
     """``table.md``, ``results.json`` and the figures of the tasks' results; returns the table."""
     saved = {k: v for k, v in vars(args).items() if k != "method_specs"}
     return write_report(to_json({"args": saved, "paper_table3": PAPER_TABLE3, "tasks": results,

@@ -34,6 +34,7 @@ against uploads, virtual time and local steps, with its band over the seeds: :mo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -46,6 +47,7 @@ from asyncfl_jax.data import partition
 from asyncfl_jax.reproduce.data import DataUnavailable, add_dataset_arguments, load_dataset
 from asyncfl_jax.figures import draw_curves, save_figure_files, seed_curve
 from asyncfl_jax.reproduce.report import pyplot, save_png, write_outputs
+from asyncfl_jax.reproduce.settings import ReproductionSettings
 from asyncfl_jax.timing import DelayModel
 
 # name: (algorithm, options, protocol arguments, swept hyper-parameter, grid, fixed hyper-parameters)
@@ -92,6 +94,57 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@dataclasses.dataclass(frozen=True)
+class BiasCorrectionSettings(ReproductionSettings):
+    """The settings of the bias-correction demonstration: the command line's options (``--quick``: 1500 uploads,
+    one seed). Build it with :func:`parse_settings` (a command line) or :meth:`from_keywords` (the options as
+    keywords).
+
+    Attributes:
+        clients: n, the number of clients.
+        concurrency: the clients in flight of FedBuff, CA2FL, AREA and FedAsync (None: every client).
+        uploads: the client uploads of every run (every method).
+        spreads: the log-normal speed sigmas (the participation imbalance).
+        alpha: the Dirichlet concentrations of the label split.
+        seeds: the seeds.
+        local_steps: the local SGD steps of the delta methods (ACE always uploads one gradient).
+        batch_size: the clients' minibatch.
+        client_lr: the local SGD step size (except AREA's sweep).
+        methods: the methods run (``METHODS`` keys).
+        dataset: ``fashion_mnist`` or ``synthetic``.
+        data_dir: the IDX (or TFDS) data folder; None: the default places.
+        quick: 1500 uploads, one seed.
+        out: the output folder.
+    """
+
+    clients: int
+    concurrency: int | None
+    uploads: int
+    spreads: list[float]
+    alpha: list[float]
+    seeds: list[int]
+    local_steps: int
+    batch_size: int
+    client_lr: float
+    methods: list[str]
+    dataset: str
+    data_dir: str | None
+    quick: bool
+    out: str
+
+    @classmethod
+    def from_keywords(cls, **options: Any) -> BiasCorrectionSettings:
+        """The settings of the command line that gives ``options`` (``dest=value`` as the flags take them, e.g.
+        ``quick=True, spreads=[0.0, 1.5]``): the same defaults as :func:`parse_args`; a refused value raises
+        :class:`~asyncfl_jax.reproduce.settings.SettingsError` with the command line's message."""
+        return cls._from_keywords(build_parser(), parse_args, options)
+
+
+def parse_settings(argv: list[str] | None = None) -> BiasCorrectionSettings:
+    """The settings of a command line (:func:`parse_args`; a bad argument exits with a usage error)."""
+    return BiasCorrectionSettings.from_args(parse_args(argv))
+
+
 def schedules_for(method: str, n: int, uploads: int, sigma: float, seeds: list[int],
                   concurrency: int | None = None) -> list[Schedule]:
     """One schedule per seed of a method's protocol with ``uploads`` uploads (log-normal speeds of spread ``sigma``,
@@ -110,47 +163,47 @@ def schedules_for(method: str, n: int, uploads: int, sigma: float, seeds: list[i
 def main(argv: list[str] | None = None) -> int:
     """The command: every method at every (alpha, sigma), then ``table.md``, ``results.json`` and ``accuracy.png`` in
     ``--out``; 2 when the dataset is not available."""
-    args = parse_args(argv)
+    setup = parse_settings(argv)
     try:
-        dataset = load_dataset(args.dataset, args.data_dir, args.data_dir, synthetic_clients=args.clients)
+        dataset = load_dataset(setup.dataset, setup.data_dir, setup.data_dir, synthetic_clients=setup.clients)
     except DataUnavailable as e:
         print(f"error: {e}\n(--dataset synthetic needs no files)", file=sys.stderr)
         return 2
-    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(setup.out, exist_ok=True)
     model = make_model("logreg", dataset.input_shape, dataset.num_classes, seed=0)
     results = []
     curves = {}
     started = time.perf_counter()
-    for alpha in args.alpha:
-        parts = partition("dirichlet", dataset.train_y, args.clients, seed=0, alpha=alpha)
+    for alpha in setup.alpha:
+        parts = partition("dirichlet", dataset.train_y, setup.clients, seed=0, alpha=alpha)
         task = make_task(dataset, parts, model)
-        for sigma in args.spreads:
-            for method in args.methods:
-                row, curves[(alpha, sigma, method)] = run_method(task, method, alpha, sigma, args)
+        for sigma in setup.spreads:
+            for method in setup.methods:
+                row, curves[(alpha, sigma, method)] = run_method(task, method, alpha, sigma, setup)
                 results.append(row)
-    table = format_table(results, args)
+    table = format_table(results, setup)
     print(table)
-    write_outputs(args.out, table, {"args": vars(args), "results": results,
+    write_outputs(setup.out, table, {"args": vars(setup), "results": results,
                                     "seconds": round(time.perf_counter() - started, 1)}, indent=2)
-    plot(curves, args, os.path.join(args.out, "accuracy.png"))
-    plot_comparisons(curves, args)
+    plot(curves, setup, os.path.join(setup.out, "accuracy.png"))
+    plot_comparisons(curves, setup)
     return 0
 
 
 def run_method(task: Task, method: str, alpha: float, sigma: float,
-               args: argparse.Namespace) -> tuple[dict[str, Any], tuple[np.ndarray, np.ndarray]]:
+               setup: BiasCorrectionSettings) -> tuple[dict[str, Any], tuple[np.ndarray, np.ndarray]]:
     """One program: a method over its grid and the seeds. Its row (at the best grid value: the highest final
     accuracy, the mean of the last three evaluations over seeds) and its mean curve (time, accuracy) there."""
     algorithm_name, options, _, swept, grid, fixed = METHODS[method]
-    schedules = schedules_for(method, args.clients, args.uploads, sigma, args.seeds, args.concurrency)
+    schedules = schedules_for(method, setup.clients, setup.uploads, sigma, setup.seeds, setup.concurrency)
     history = simulate(task, get_algorithm(algorithm_name, **options), schedules,
-                       local=LocalConfig(steps=args.local_steps, batch_size=args.batch_size), seeds=args.seeds,
-                       hparams={"client_lr": args.client_lr, **fixed, swept: grid},
+                       local=LocalConfig(steps=setup.local_steps, batch_size=setup.batch_size), seeds=setup.seeds,
+                       hparams={"client_lr": setup.client_lr, **fixed, swept: grid},
                        eval_every=max(1, schedules[0].num_steps // 20), progress=False,
                        label=f"{method} alpha={alpha:g} sigma={sigma:g}")
     # The mean of the last three evaluations (the last ~10% of the run): less noisy than the last one.
     tail = history.metrics["test_accuracy"][:, -3:].mean(axis=1)
-    final = tail.reshape(len(args.seeds), len(grid)).mean(axis=0)
+    final = tail.reshape(len(setup.seeds), len(grid)).mean(axis=0)
     best = int(np.nanargmax(np.where(np.isfinite(final), final, -1.0)))
     stats = history.schedule_stats[0]
     row = {
@@ -161,7 +214,7 @@ def run_method(task: Task, method: str, alpha: float, sigma: float,
         "participation_cv": participation_cv(stats["participation"]),
         "seconds": round(history.compile_seconds + history.run_seconds, 1),
     }
-    replicas = [r * len(grid) + best for r in range(len(args.seeds))]
+    replicas = [r * len(grid) + best for r in range(len(setup.seeds))]
     print(f"alpha={alpha:<4g} sigma={sigma:<4g} {method:<9} acc={row['final_accuracy']:.4f} "
           f"({swept}={grid[best]:g}; grid {np.round(final, 4).tolist()})  {row['seconds']}s",
           file=sys.stderr, flush=True)
@@ -176,19 +229,19 @@ def participation_cv(counts: list[int] | np.ndarray) -> float:
     return float(counts.std() / max(counts.mean(), 1e-12))
 
 
-def format_table(results: list[dict], args: argparse.Namespace) -> str:
+def format_table(results: list[dict], setup: BiasCorrectionSettings) -> str:
     """Final test accuracy per method (rows) and (alpha, sigma) setting (columns), and the correction gap."""
     settings = sorted({(r["dirichlet_alpha"], r["sigma"]) for r in results})
     acc = {(r["method"], r["dirichlet_alpha"], r["sigma"]): r["final_accuracy"] for r in results}
     head = "| method | " + " | ".join(f"Dir {a:g}, sigma {s:g}" for a, s in settings) + " |"
-    lines = [f"Final test accuracy (mean of the last 3 evaluations and over seeds {args.seeds}; best of each method's "
+    lines = [f"Final test accuracy (mean of the last 3 evaluations and over seeds {setup.seeds}; best of each method's "
              "grid), "
-             f"{args.clients} clients, {args.uploads} uploads each.", "", head,
+             f"{setup.clients} clients, {setup.uploads} uploads each.", "", head,
              "|" + "---|" * (len(settings) + 1)]
-    for method in args.methods:
+    for method in setup.methods:
         cells = [f"{acc[(method, a, s)]:.4f}" if (method, a, s) in acc else "-" for a, s in settings]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    if any(m in args.methods for m in CORRECTING) and any(m in args.methods for m in BASELINES):
+    if any(m in setup.methods for m in CORRECTING) and any(m in setup.methods for m in BASELINES):
         gaps = []
         for a, s in settings:
             best_fix = max(acc.get((m, a, s), -1) for m in CORRECTING)
@@ -202,27 +255,27 @@ def format_table(results: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_comparisons(curves: dict, args: argparse.Namespace) -> list[str]:
+def plot_comparisons(curves: dict, setup: BiasCorrectionSettings) -> list[str]:
     """``compare_alpha<a>_sigma<s>.png`` and ``.pdf`` per setting: the methods (each at its best grid value) against
     uploads, virtual time and local steps trained, one line per method with its min-max band over the seeds
     (:func:`asyncfl_jax.figures.draw_curves`); returns the paths written."""
     written = []
     for a, s in sorted({(a, s) for a, s, _ in curves}):
-        chosen = [curves[(a, s, m)] for m in args.methods if (a, s, m) in curves]
-        title = (f"{args.dataset}, n={args.clients}, dirichlet({a:g}), logreg; K={args.local_steps} (delta methods), "
-                 f"B={args.batch_size}; delays: speed lognormal(sigma={s:g}) x exponential noise")
+        chosen = [curves[(a, s, m)] for m in setup.methods if (a, s, m) in curves]
+        title = (f"{setup.dataset}, n={setup.clients}, dirichlet({a:g}), logreg; K={setup.local_steps} "
+                 f"(delta methods), B={setup.batch_size}; delays: speed lognormal(sigma={s:g}) x exponential noise")
         fig = draw_curves(chosen, title=title)
-        written += save_figure_files(fig, os.path.join(args.out, f"compare_alpha{a:g}_sigma{s:g}"))
+        written += save_figure_files(fig, os.path.join(setup.out, f"compare_alpha{a:g}_sigma{s:g}"))
     return written
 
 
-def plot(curves: dict, args: argparse.Namespace, path: str) -> None:
+def plot(curves: dict, setup: BiasCorrectionSettings, path: str) -> None:
     """``accuracy.png``: the mean test accuracy against virtual time, one panel per (alpha, sigma)."""
     plt = pyplot()
     settings = sorted({(a, s) for a, s, _ in curves})
     fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.4), squeeze=False, sharey=True)
     for ax, (a, s) in zip(axes[0], settings):
-        for method in args.methods:
+        for method in setup.methods:
             if (a, s, method) in curves:
                 curve = curves[(a, s, method)]
                 ax.plot(curve["time"], curve["mean"], label=method, linestyle="-" if method in CORRECTING else "--")

@@ -96,6 +96,7 @@ from asyncfl_jax.reproduce.data import (DATASET_TITLES, DataUnavailable, check_d
                                         standardize_channels)
 from asyncfl_jax.reproduce.grid import command_main, replica_runs, run_grid, setting_seed
 from asyncfl_jax.reproduce.report import distinct_seeds_problem, label_axes, pyplot, save_png, write_outputs, yes_no
+from asyncfl_jax.reproduce.settings import ReproductionSettings
 from asyncfl_jax.reproduce.verdicts import (claim_verdicts, participation_line, plot_methods, schedule_fastest_share,
                                             verdict_json, verdict_lines)
 from asyncfl_jax.timing import DelayModel, schedule_summary
@@ -317,6 +318,93 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@dataclasses.dataclass(frozen=True)
+class Ca2flSettings(ReproductionSettings):
+    """The settings of one CA2FL reproduction: the command line's options after :func:`parse_args` filled in the
+    defaults of ``--scale`` and ``--quick``, replaced the CPU settings' dataset by ``--dataset`` and chose the
+    ablation setting. Build it with :func:`parse_settings` (a command line) or :meth:`from_keywords` (the options as
+    keywords); both check it alike.
+
+    Attributes:
+        scale: ``cpu`` (Fashion-MNIST MLP, Dir(0.1)) or ``paper`` (the six CIFAR settings of Tables 2 and 3).
+        quick: one setting, 40 rounds, one seed.
+        settings: the (dataset, model, alpha) settings run; the first is Table 1's.
+        dataset: the dataset that replaced the CPU settings' (``fashion_mnist`` or ``synthetic``), or None.
+        methods: the methods run (``METHODS`` keys).
+        rounds: the global rounds of every method (FedAsync: rounds x M client updates).
+        seeds: the seeds (distinct, in [0, 1000)).
+        eval_every: evaluate every this many rounds.
+        clients: n, the number of clients.
+        concurrency: Mc, the clients in flight.
+        buffer: M, the updates per global round.
+        client_lr: eta_l, the clients' learning rate.
+        server_lr: eta, the server's learning rate.
+        weight_decay: the clients' weight decay.
+        local_epochs: the local epochs of a client job (turned into steps per client).
+        batch_size: the clients' minibatch.
+        hidden: the hidden widths of the ``mlp`` model.
+        train_subset: use this many training examples, drawn once (None: all).
+        delay_high: the delay scales s_i ~ U(0, delay_high).
+        delay_shift: a constant added to every job time (0: the paper's model; 5: the digest's calibration).
+        target: the test accuracy behind R# (None: the settings' own, as Table 1).
+        ablation_setting: the setting where the Mc/M and delay ablations run (one of ``settings``).
+        ablation_concurrency: the other Mc values of the Fig. 4 sweep (M fixed).
+        ablation_buffer: the other M values of the Fig. 4 sweep (Mc fixed).
+        ablation_seeds: the seeds of the ablations (distinct, in [0, 1000)).
+        grid: run the full Mc x M grid of the ablation (heat map).
+        no_ablation: skip the training runs of the ablations.
+        no_fixed_delay: skip the fixed halfnorm(5) run (Fig. 5a).
+        delay_rounds: the rounds of the schedules behind the delay tables.
+        data_dir: the Fashion-MNIST IDX folder or the TFDS data folder for CIFAR; None: the default places.
+        out: the output folder.
+    """
+
+    scale: str
+    quick: bool
+    settings: list[Setting]
+    dataset: str | None
+    methods: list[str]
+    rounds: int
+    seeds: list[int]
+    eval_every: int
+    clients: int
+    concurrency: int
+    buffer: int
+    client_lr: float
+    server_lr: float
+    weight_decay: float
+    local_epochs: float
+    batch_size: int
+    hidden: list[int]
+    train_subset: int | None
+    delay_high: float
+    delay_shift: float
+    target: float | None
+    ablation_setting: Setting
+    ablation_concurrency: list[int]
+    ablation_buffer: list[int]
+    ablation_seeds: list[int]
+    grid: bool
+    no_ablation: bool
+    no_fixed_delay: bool
+    delay_rounds: int
+    data_dir: str | None
+    out: str
+
+    @classmethod
+    def from_keywords(cls, **options: Any) -> Ca2flSettings:
+        """The settings of the command line that gives ``options`` (``dest=value`` as the flags take them, e.g.
+        ``quick=True, settings=["fashion_mnist/mlp/0.1"], rounds=20``): the same defaults, filling and checks as
+        :func:`parse_args`; a refused value raises :class:`~asyncfl_jax.reproduce.settings.SettingsError` with the
+        command line's message."""
+        return cls._from_keywords(build_parser(), parse_args, options)
+
+
+def parse_settings(argv: list[str] | None = None) -> Ca2flSettings:
+    """The settings of a command line (:func:`parse_args`; a bad argument exits with a usage error)."""
+    return Ca2flSettings.from_args(parse_args(argv))
+
+
 def apply_scale_defaults(args: argparse.Namespace) -> dict[str, Any]:
     """Fills every argument left unset (but the ablation setting) from ``--scale`` and ``--quick``; ``--dataset``
     replaces the dataset of the CPU settings. Returns the defaults used."""
@@ -372,10 +460,10 @@ def argument_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def check_data(args: argparse.Namespace) -> str | None:
+def check_data(setup: Ca2flSettings) -> str | None:
     """Every dataset the settings need is there (cheap, before anything runs); the error message otherwise."""
-    for dataset in sorted({s.dataset for s in args.settings}):
-        problem = check_dataset(dataset, args.data_dir, args.data_dir)
+    for dataset in sorted({s.dataset for s in setup.settings}):
+        problem = check_dataset(dataset, setup.data_dir, setup.data_dir)
         if problem:
             hint = "\n(or --dataset synthetic at cpu scale, which needs no files)" if dataset == "fashion_mnist" else ""
             return problem + hint
@@ -383,45 +471,45 @@ def check_data(args: argparse.Namespace) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------ data, task
-def partition_problem(args: argparse.Namespace, datasets: dict[str, Dataset]) -> str | None:
+def partition_problem(setup: Ca2flSettings, datasets: dict[str, Dataset]) -> str | None:
     """Why some setting's Dirichlet split cannot be drawn (e.g. an alpha too small for ``--clients`` with at least 10
     examples each), or None: checked for every setting before any training."""
-    for setting in args.settings:
+    for setting in setup.settings:
         try:
-            partition("dirichlet", datasets[setting.dataset].train_y, args.clients, seed=0, alpha=setting.alpha)
+            partition("dirichlet", datasets[setting.dataset].train_y, setup.clients, seed=0, alpha=setting.alpha)
         except PartitionError as e:
             return f"setting {setting.key}: {e}"
     return None
 
 
-def load_setting_dataset(name: str, args: argparse.Namespace) -> Dataset:
+def load_setting_dataset(name: str, setup: Ca2flSettings) -> Dataset:
     """The dataset of a setting: CIFAR normalised per channel as the reference code, and (``--train-subset``) a
     subset of the training examples drawn once."""
-    ds = load_dataset(name, args.data_dir, args.data_dir, synthetic_clients=args.clients)
+    ds = load_dataset(name, setup.data_dir, setup.data_dir, synthetic_clients=setup.clients)
     if name in ("cifar10", "cifar100"):
         ds = standardize_channels(ds, CIFAR_NORMALISATION)
-    if args.train_subset is not None and args.train_subset < len(ds.train_y):
+    if setup.train_subset is not None and setup.train_subset < len(ds.train_y):
         rng = np.random.default_rng([0, 0xCA2F])
-        keep = np.sort(rng.choice(len(ds.train_y), args.train_subset, replace=False))
+        keep = np.sort(rng.choice(len(ds.train_y), setup.train_subset, replace=False))
         ds = dataclasses.replace(ds, train_x=ds.train_x[keep], train_y=ds.train_y[keep])
     return dataclasses.replace(ds, natural_partition=None)
 
 
-def local_steps(sizes: np.ndarray, args: argparse.Namespace) -> np.ndarray:
+def local_steps(sizes: np.ndarray, setup: Ca2flSettings) -> np.ndarray:
     """K_i = ceil(epochs * ceil(n_i / B)), the client's ``epochs`` mode."""
-    return np.ceil(args.local_epochs * np.ceil(np.asarray(sizes) / args.batch_size)).astype(int)
+    return np.ceil(setup.local_epochs * np.ceil(np.asarray(sizes) / setup.batch_size)).astype(int)
 
 
 def make_setting_task(setting: Setting, dataset: Dataset,
-                      args: argparse.Namespace) -> tuple[Task, LocalConfig, dict[str, Any]]:
+                      setup: Ca2flSettings) -> tuple[Task, LocalConfig, dict[str, Any]]:
     """The task of a setting (the Dirichlet split drawn once, seed 0), its local training (2 epochs: K_i steps, the
     largest K_i compiled) and a description (client sizes, local steps, parameters)."""
-    parts = partition("dirichlet", dataset.train_y, args.clients, seed=0, alpha=setting.alpha)
+    parts = partition("dirichlet", dataset.train_y, setup.clients, seed=0, alpha=setting.alpha)
     sizes = np.array([len(p) for p in parts])
-    k = local_steps(sizes, args)
-    model = make_model(setting.model, dataset.input_shape, dataset.num_classes, seed=0, hidden=tuple(args.hidden))
+    k = local_steps(sizes, setup)
+    model = make_model(setting.model, dataset.input_shape, dataset.num_classes, seed=0, hidden=tuple(setup.hidden))
     task = make_task(dataset, parts, model)
-    local = LocalConfig(steps=int(k.max()), batch_size=args.batch_size, epochs=args.local_epochs)
+    local = LocalConfig(steps=int(k.max()), batch_size=setup.batch_size, epochs=setup.local_epochs)
     info = {"client_sizes": [int(sizes.min()), float(np.median(sizes)), int(sizes.max())],
             "local_steps": [int(k.min()), float(np.median(k)), int(k.max())], "num_params": int(task.num_params),
             "train_examples": int(sizes.sum()), "test_examples": int(len(dataset.test_y))}
@@ -439,77 +527,76 @@ class Variant:
     delays: str = "random"  # "random": s_i ~ U(0, delay_high); "fixed": halfnorm(5) for every client
 
 
-def delay_model(kind: str, args: argparse.Namespace, high: float | None = None) -> DelayModel:
-    """``random``: CA2FL's ``|N(0, s_i^2)|`` with ``s_i ~ U(0, high)`` (default ``--delay-high``); ``fixed``:
-    ``halfnorm(5)`` for every client; both plus ``--delay-shift``."""
+def delay_model(kind: str, high: float, shift: float) -> DelayModel:
+    """``random``: CA2FL's ``|N(0, s_i^2)|`` with ``s_i ~ U(0, high)`` (``--delay-high``); ``fixed``:
+    ``halfnorm(5)`` for every client; both plus ``shift`` (``--delay-shift``)."""
     if kind == "fixed":
-        return DelayModel(speed="constant", speed_value=5.0, noise="half_normal", noise_scale=1.0,
-                          comm_time=args.delay_shift)
-    return DelayModel.ca2fl(scale_high=args.delay_high if high is None else high, shift=args.delay_shift)
+        return DelayModel(speed="constant", speed_value=5.0, noise="half_normal", noise_scale=1.0, comm_time=shift)
+    return DelayModel.ca2fl(scale_high=high, shift=shift)
 
 
-def main_variant(args: argparse.Namespace) -> Variant:
+def main_variant(setup: Ca2flSettings) -> Variant:
     """The main protocol: Mc = ``--concurrency``, M = ``--buffer``, per-client delay scales."""
-    return Variant("main", args.concurrency, args.buffer)
+    return Variant("main", setup.concurrency, setup.buffer)
 
 
-def ablation_variants(args: argparse.Namespace) -> list[Variant]:
+def ablation_variants(setup: Ca2flSettings) -> list[Variant]:
     """The (Mc, M) points of Fig. 4 other than the main one (one sweep of each, or the full grid), and the fixed
     halfnorm(5) delays of Fig. 5(a)."""
-    mcs = sorted({args.concurrency, *args.ablation_concurrency})
-    ms = sorted({args.buffer, *args.ablation_buffer})
-    points = ([(mc, m) for mc in mcs for m in ms if m <= mc] if args.grid
-              else [(mc, args.buffer) for mc in mcs] + [(args.concurrency, m) for m in ms])
-    out, seen = [], {(args.concurrency, args.buffer)}
+    mcs = sorted({setup.concurrency, *setup.ablation_concurrency})
+    ms = sorted({setup.buffer, *setup.ablation_buffer})
+    points = ([(mc, m) for mc in mcs for m in ms if m <= mc] if setup.grid
+              else [(mc, setup.buffer) for mc in mcs] + [(setup.concurrency, m) for m in ms])
+    out, seen = [], {(setup.concurrency, setup.buffer)}
     for mc, m in points:
         if (mc, m) not in seen:
             seen.add((mc, m))
             out.append(Variant(f"Mc={mc}, M={m}", mc, m))
-    if not args.no_fixed_delay:
-        out.append(Variant("fixed halfnorm(5)", args.concurrency, args.buffer, "fixed"))
+    if not setup.no_fixed_delay:
+        out.append(Variant("fixed halfnorm(5)", setup.concurrency, setup.buffer, "fixed"))
     return out
 
 
-def schedule_for(method: Method, variant: Variant, rounds: int, seed: int, args: argparse.Namespace) -> Schedule:
+def schedule_for(method: Method, variant: Variant, rounds: int, seed: int, setup: Ca2flSettings) -> Schedule:
     """A method's schedule of ``rounds`` global rounds (FedAsync: rounds x M client updates, one per step)."""
-    delays = delay_model(variant.delays, args)
+    delays = delay_model(variant.delays, setup.delay_high, setup.delay_shift)
     if method.kind == "fedasync":
-        return make_schedule("concurrent", args.clients, rounds * variant.buffer, delays, seed,
+        return make_schedule("concurrent", setup.clients, rounds * variant.buffer, delays, seed,
                              concurrency=variant.concurrency, buffer_size=1, refill="immediate")
     refill = "immediate" if method.kind == "immediate" else "boundary"
-    return make_schedule("concurrent", args.clients, rounds, delays, seed, concurrency=variant.concurrency,
+    return make_schedule("concurrent", setup.clients, rounds, delays, seed, concurrency=variant.concurrency,
                          buffer_size=variant.buffer, refill=refill)
 
 
 # ------------------------------------------------------------------------------------------------ running
-def hparams_for(method: Method, setting: Setting, args: argparse.Namespace) -> dict[str, float]:
+def hparams_for(method: Method, setting: Setting, setup: Ca2flSettings) -> dict[str, float]:
     """A method's hyper-parameters: Table 6's (eta_l, eta, weight decay), FedAsync's from Table 7."""
-    hp = {"client_lr": args.client_lr, "weight_decay": args.weight_decay}
+    hp = {"client_lr": setup.client_lr, "weight_decay": setup.weight_decay}
     if method.kind == "fedasync":
         t7 = fedasync_hparams(setting, method.key)
         hp.update(prox_mu=t7["rho"], alpha=t7["alpha"])
         if "beta" in t7:
             hp["staleness_a"] = t7["beta"]
     else:
-        hp["server_lr"] = args.server_lr
+        hp["server_lr"] = setup.server_lr
     return hp
 
 
 def run_group(task: Task, local: LocalConfig, setting: Setting, method: Method, items: list[tuple[Variant, int, int]],
-              args: argparse.Namespace) -> list[dict]:
+              setup: Ca2flSettings) -> list[dict]:
     """One compiled program: every (variant, seed) in ``items`` (variant, variant index, seed) as a replica, all
     with the same buffer width. Replica (v, s) has the schedule of timing seed ``s`` and the training seed
     ``setting_seed(v, s)``."""
     algorithm = get_algorithm(method.algorithm, **method.options)
-    replicas = [ReplicaSpec(schedule_for(method, v, args.rounds, s, args), seed=setting_seed(j, s),
-                            hparams=hparams_for(method, setting, args),
+    replicas = [ReplicaSpec(schedule_for(method, v, setup.rounds, s, setup), seed=setting_seed(j, s),
+                            hparams=hparams_for(method, setting, setup),
                             label={"variant": v.name, "concurrency": v.concurrency, "buffer": v.buffer,
                                    "delays": v.delays, "timing_seed": s})
                 for v, j, s in items]
     per_round = items[0][0].buffer if method.kind == "fedasync" else 1  # server steps per round
     stats = [schedule_summary(r.schedule) for r in replicas]
     frame = run_grid(task, algorithm, replicas, local=local, name=f"{setting.key} {method.label}",
-                     eval_every=args.eval_every * per_round, log_width=48,
+                     eval_every=setup.eval_every * per_round, log_width=48,
                      per_replica=lambda _: {"tau_avg": [x["staleness_mean"] for x in stats],
                                             "tau_max": [x["staleness_max"] for x in stats]})
     frame["rounds"] = frame["step"] / per_round  # global rounds; FedAsync: client updates / M of the main protocol
@@ -525,33 +612,33 @@ def run_group(task: Task, local: LocalConfig, setting: Setting, method: Method, 
              "tau_avg": r["tau_avg"], "tau_max": r["tau_max"], "diverged_at": r["diverged_at"]} for r in runs]
 
 
-def methods_for(setting: Setting, args: argparse.Namespace) -> list[Method]:
+def methods_for(setting: Setting, setup: Ca2flSettings) -> list[Method]:
     """The methods run on a setting (the Table 1 ones only on the first setting)."""
-    first = setting.key == args.settings[0].key
-    return [METHODS[k] for k in METHODS if k in args.methods and (first or not METHODS[k].table1_only)]
+    first = setting.key == setup.settings[0].key
+    return [METHODS[k] for k in METHODS if k in setup.methods and (first or not METHODS[k].table1_only)]
 
 
-def run_setting(setting: Setting, dataset: Dataset, args: argparse.Namespace) -> tuple[list[dict], dict]:
+def run_setting(setting: Setting, dataset: Dataset, setup: Ca2flSettings) -> tuple[list[dict], dict]:
     """Every method of a setting (and, on the ablation setting, every ablation variant), one program per method and
     buffer width: the records of every run and the task's description."""
-    task, local, info = make_setting_task(setting, dataset, args)
+    task, local, info = make_setting_task(setting, dataset, setup)
     print(f"{setting.key}: {info['train_examples']} training examples, client sizes (min/median/max) "
           f"{info['client_sizes']}, local steps {info['local_steps']}, d = {info['num_params']}",
           file=sys.stderr, flush=True)
-    ablate = setting.key == args.ablation_setting.key and not args.no_ablation
-    extra = ablation_variants(args) if ablate else []
+    ablate = setting.key == setup.ablation_setting.key and not setup.no_ablation
+    extra = ablation_variants(setup) if ablate else []
     records = []
-    for method in methods_for(setting, args):
-        items = [(main_variant(args), 0, s) for s in args.seeds]
+    for method in methods_for(setting, setup):
+        items = [(main_variant(setup), 0, s) for s in setup.seeds]
         if method.key in ABLATION_METHODS:
             # The ablation's main point uses the ablation seeds too; seeds already run are not repeated.
-            items += [(main_variant(args), 0, s) for s in args.ablation_seeds if extra and s not in args.seeds]
-            items += [(v, j + 1, s) for j, v in enumerate(extra) for s in args.ablation_seeds]
+            items += [(main_variant(setup), 0, s) for s in setup.ablation_seeds if extra and s not in setup.seeds]
+            items += [(v, j + 1, s) for j, v in enumerate(extra) for s in setup.ablation_seeds]
         groups: dict[int, list] = {}
         for item in items:  # one program per buffer width (no padded jobs)
             groups.setdefault(item[0].buffer if method.kind != "fedasync" else 1, []).append(item)
         for group in groups.values():
-            records += run_group(task, local, setting, method, group, args)
+            records += run_group(task, local, setting, method, group, setup)
     return records, info
 
 
@@ -564,31 +651,31 @@ def run_metrics(rec: dict, target: float | None) -> dict:
             "r_target": first_passage(rounds, acc, target)}
 
 
-def target_for(setting: Setting, args: argparse.Namespace) -> float | None:
+def target_for(setting: Setting, setup: Ca2flSettings) -> float | None:
     """The accuracy of R#: ``--target``, else Table 1's for the CIFAR-10 models (None for the others)."""
-    if args.target is not None:
-        return args.target
+    if setup.target is not None:
+        return setup.target
     if setting.dataset == "cifar10":
         return PAPER_TARGET.get(setting.model)
     return None
 
 
-def summarize(records: list[dict], args: argparse.Namespace) -> list[dict]:
+def summarize(records: list[dict], setup: Ca2flSettings) -> list[dict]:
     """Mean and std over seeds of every metric, per (setting, method, variant)."""
-    by_key = {s.key: s for s in args.settings}
+    by_key = {s.key: s for s in setup.settings}
     groups: dict[tuple[str, str, str], list[dict]] = {}
     for rec in records:
-        rec.update(run_metrics(rec, target_for(by_key[rec["setting"]], args)))
+        rec.update(run_metrics(rec, target_for(by_key[rec["setting"]], setup)))
         groups.setdefault((rec["setting"], rec["method"], rec["variant"]), []).append(rec)
     rows = []
     for (setting, method, variant), recs in groups.items():
-        main_seeds = args.seeds if variant == "main" else args.ablation_seeds
+        main_seeds = setup.seeds if variant == "main" else setup.ablation_seeds
         row = {"setting": setting, "method": method, "variant": variant, "concurrency": recs[0]["concurrency"],
                "buffer": recs[0]["buffer"], "delays": recs[0]["delays"], "seeds": [r["seed"] for r in recs],
                "main_seeds": [r["seed"] for r in recs if r["seed"] in main_seeds]}
         for key in ("final", "tail", "best", "r_target", "tau_avg", "tau_max"):
             for suffix, subset in (("", [r for r in recs if r["seed"] in main_seeds]),
-                                   ("_ablation", [r for r in recs if r["seed"] in args.ablation_seeds])):
+                                   ("_ablation", [r for r in recs if r["seed"] in setup.ablation_seeds])):
                 row[key + suffix], row[key + suffix + "_std"], count = finite_mean_std(r[key] for r in subset)
                 if key == "r_target":
                     row["reached" + suffix] = count
@@ -598,12 +685,12 @@ def summarize(records: list[dict], args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def schedule_staleness(args: argparse.Namespace, mc: int, m: int, delays: DelayModel) -> dict[str, Any]:
+def schedule_staleness(setup: Ca2flSettings, mc: int, m: int, delays: DelayModel) -> dict[str, Any]:
     """tau_avg and tau_max (mean over the seeds, and the range of tau_max) of ``delay_rounds``-round boundary-refill
     schedules with concurrency ``mc`` and buffer ``m``, and their arrival orders (``orders``)."""
     taus, maxes, orders = [], [], []
-    for seed in args.seeds:
-        sched = make_schedule("concurrent", args.clients, args.delay_rounds, delays, seed, concurrency=mc,
+    for seed in setup.seeds:
+        sched = make_schedule("concurrent", setup.clients, setup.delay_rounds, delays, seed, concurrency=mc,
                               buffer_size=m, refill="boundary")
         summary = schedule_summary(sched)
         taus.append(summary["staleness_mean"])
@@ -613,33 +700,32 @@ def schedule_staleness(args: argparse.Namespace, mc: int, m: int, delays: DelayM
             max(maxes)], "expected": (mc - m) / m, "orders": orders}
 
 
-def delay_tables(args: argparse.Namespace) -> dict[str, Any]:
+def delay_tables(setup: Ca2flSettings) -> dict[str, Any]:
     """Tables 4 and 5: tau_max / tau_avg of ``delay_rounds``-round boundary-refill schedules (mean over the seeds)
     for every (Mc, M) of the ablation and every delay distribution of Table 5, plus the digest's calibration (+5 per
     job), and whether the three uniform scales give the same order of events."""
-    mcs = sorted({args.concurrency, *args.ablation_concurrency})
-    ms = sorted({args.buffer, *args.ablation_buffer})
-    points = sorted({(mc, args.buffer) for mc in mcs} | {(args.concurrency, m) for m in ms}
-                    | ({(mc, m) for mc in mcs for m in ms if m <= mc} if args.grid else set()))
-    pure = argparse.Namespace(**{**vars(args), "delay_shift": 0.0})
+    mcs = sorted({setup.concurrency, *setup.ablation_concurrency})
+    ms = sorted({setup.buffer, *setup.ablation_buffer})
+    points = sorted({(mc, setup.buffer) for mc in mcs} | {(setup.concurrency, m) for m in ms}
+                    | ({(mc, m) for mc in mcs for m in ms if m <= mc} if setup.grid else set()))
     protocol = []
     for mc, m in points:
-        s = schedule_staleness(args, mc, m, delay_model("random", args))
+        s = schedule_staleness(setup, mc, m, delay_model("random", setup.delay_high, setup.delay_shift))
         s.pop("orders")
         protocol.append({"concurrency": mc, "buffer": m, **s, "paper": PAPER_DELAYS.get((mc, m))})
-    mc, m = args.concurrency, args.buffer
+    mc, m = setup.concurrency, setup.buffer
     dists = {}
-    for name, delays in (("U(0,5)", delay_model("random", pure, 5.0)), ("U(0,1)", delay_model("random", pure, 1.0)),
-                         ("U(0,0.5)", delay_model("random", pure, 0.5)),
-                         ("fixed halfnorm(5)", delay_model("fixed", pure)),
+    for name, delays in (("U(0,5)", delay_model("random", 5.0, 0.0)), ("U(0,1)", delay_model("random", 1.0, 0.0)),
+                         ("U(0,0.5)", delay_model("random", 0.5, 0.0)),
+                         ("fixed halfnorm(5)", delay_model("fixed", 5.0, 0.0)),
                          ("U(0,5) + 5 (digest calibration)", DelayModel.ca2fl(5.0, shift=5.0))):
-        dists[name] = {**schedule_staleness(args, mc, m, delays), "paper": PAPER_DELAY_DISTRIBUTIONS.get(name)}
+        dists[name] = {**schedule_staleness(setup, mc, m, delays), "paper": PAPER_DELAY_DISTRIBUTIONS.get(name)}
     same = all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(
         dists["U(0,5)"]["orders"], dists["U(0,1)"]["orders"], dists["U(0,0.5)"]["orders"]))
     for d in dists.values():
         d.pop("orders")
-    return {"rounds": args.delay_rounds, "seeds": list(args.seeds), "protocol": protocol, "distributions": dists,
-            "uniform_scales_same_events": bool(same), "shift": args.delay_shift}
+    return {"rounds": setup.delay_rounds, "seeds": list(setup.seeds), "protocol": protocol, "distributions": dists,
+            "uniform_scales_same_events": bool(same), "shift": setup.delay_shift}
 
 
 # ------------------------------------------------------------------------------------------------ checks, tables
@@ -648,7 +734,7 @@ def _at(rows: list[dict]) -> dict[tuple[str, str, str], dict]:
     return {(r["setting"], r["method"], r["variant"]): r for r in rows}
 
 
-def direction_checks(rows: list[dict], args: argparse.Namespace) -> list[str]:
+def direction_checks(rows: list[dict], setup: Ca2flSettings) -> list[str]:
     """The paper's claims, checked on the measured means (final accuracy over the main seeds)."""
     at = _at(rows)
 
@@ -656,14 +742,14 @@ def direction_checks(rows: list[dict], args: argparse.Namespace) -> list[str]:
         row = at.get((setting, method, variant))
         return None if row is None else row[key]
 
-    return comparison_checks(final, args) + ablation_checks(rows, at, args)
+    return comparison_checks(final, setup) + ablation_checks(rows, at, setup)
 
 
-def comparison_checks(final: Any, args: argparse.Namespace) -> list[str]:
+def comparison_checks(final: Any, setup: Ca2flSettings) -> list[str]:
     """Tables 1-3: CA2FL above Async FL (and more so at the smaller alpha), MF-CA2FL close to CA2FL at 8 and 4 bits
     and below it at 2, FedAsync below CA2FL. ``final(setting, method, key=...)`` reads a measured mean."""
     out = []
-    keys = [s.key for s in args.settings]
+    keys = [s.key for s in setup.settings]
     pairs = [(k, final(k, "ca2fl"), final(k, "asyncfl")) for k in keys]
     pairs = [(k, c, a) for k, c, a in pairs if c is not None and a is not None]
     if pairs:
@@ -707,11 +793,11 @@ def comparison_checks(final: Any, args: argparse.Namespace) -> list[str]:
     return out
 
 
-def ablation_checks(rows: list[dict], at: dict[tuple[str, str, str], dict], args: argparse.Namespace) -> list[str]:
+def ablation_checks(rows: list[dict], at: dict[tuple[str, str, str], dict], setup: Ca2flSettings) -> list[str]:
     """Fig. 4 and Fig. 5a on the ablation setting: CA2FL less sensitive to (Mc, M) and above Async FL at every point;
     fixed delays lower both methods."""
     out = []
-    abl = args.ablation_setting.key
+    abl = setup.ablation_setting.key
     sweep = [r for r in rows if r["setting"] == abl and r["delays"] == "random" and r["method"] in ABLATION_METHODS
              and r["final_ablation"] is not None]
     points = sorted({(r["concurrency"], r["buffer"]) for r in sweep})
@@ -765,13 +851,13 @@ def r_cell(row: dict | None, rounds: int) -> str:
     return text if row["reached"] == row["runs"] else f"{text} ({row['reached']}/{row['runs']})"
 
 
-def format_table(rows: list[dict], delays: dict, infos: dict, args: argparse.Namespace, seconds: float) -> str:
+def format_table(rows: list[dict], delays: dict, infos: dict, setup: Ca2flSettings, seconds: float) -> str:
     """``table.md``: the setup and tasks, Tables 2-3 and Table 1 beside the paper's, the ablation, the delay tables
     (4 and 5), the claims and the diverged runs."""
     at = _at(rows)
-    lines = task_lines(infos, args) + accuracy_lines(at, args) + table1_lines(at, args)
-    lines += ablation_lines(rows, args) + delay_lines(delays, args)
-    checks = direction_checks(rows, args)
+    lines = task_lines(infos, setup) + accuracy_lines(at, setup) + table1_lines(at, setup)
+    lines += ablation_lines(rows, setup) + delay_lines(delays, setup)
+    checks = direction_checks(rows, setup)
     if checks:
         lines += ["**The paper's claims, on these means**", ""] + [f"- {c}" for c in checks] + [""]
     diverged = [f"{r['setting']} {r['method']} {r['variant']}" for r in rows if r["diverged"]]
@@ -781,15 +867,15 @@ def format_table(rows: list[dict], delays: dict, infos: dict, args: argparse.Nam
     return "\n".join(lines) + "\n"
 
 
-def task_lines(infos: dict, args: argparse.Namespace) -> list[str]:
+def task_lines(infos: dict, setup: Ca2flSettings) -> list[str]:
     """The setup paragraph and one row per task (sizes, local steps, parameters, the paper row beside it)."""
-    keys = [s.key for s in args.settings]
-    by_key = {s.key: s for s in args.settings}
-    lines = [f"CA2FL reproduction, --scale {args.scale}: {args.clients} clients, Mc = {args.concurrency}, "
-             f"M = {args.buffer} (boundary refill), {args.rounds} global rounds, eta_l = {args.client_lr:g}, "
-             f"eta = {args.server_lr:g}, {args.local_epochs:g} local epochs at batch {args.batch_size}, weight decay "
-             f"{args.weight_decay:g}, job times |N(0, s_i^2)| with s_i ~ U(0, {args.delay_high:g})"
-             + (f" + {args.delay_shift:g}" if args.delay_shift else "") + f"; mean ± std over seeds {args.seeds}. "
+    keys = [s.key for s in setup.settings]
+    by_key = {s.key: s for s in setup.settings}
+    lines = [f"CA2FL reproduction, --scale {setup.scale}: {setup.clients} clients, Mc = {setup.concurrency}, "
+             f"M = {setup.buffer} (boundary refill), {setup.rounds} global rounds, eta_l = {setup.client_lr:g}, "
+             f"eta = {setup.server_lr:g}, {setup.local_epochs:g} local epochs at batch {setup.batch_size}, "
+             f"weight decay {setup.weight_decay:g}, job times |N(0, s_i^2)| with s_i ~ U(0, {setup.delay_high:g})"
+             + (f" + {setup.delay_shift:g}" if setup.delay_shift else "") + f"; mean ± std over seeds {setup.seeds}. "
              "Accuracies in %.", ""]
     lines += ["**Tasks**", "", "| setting | training examples | client size min / median / max | local steps K_i | "
               "parameters | paper row beside it |", "|---|---|---|---|---|---|"]
@@ -804,11 +890,11 @@ def task_lines(infos: dict, args: argparse.Namespace) -> list[str]:
     return lines
 
 
-def accuracy_lines(at: dict[tuple[str, str, str], dict], args: argparse.Namespace) -> list[str]:
+def accuracy_lines(at: dict[tuple[str, str, str], dict], setup: Ca2flSettings) -> list[str]:
     """Tables 2 and 3: final and last-10% accuracy of every method per setting, beside the paper's, and the gap."""
-    keys = [s.key for s in args.settings]
-    by_key = {s.key: s for s in args.settings}
-    main_methods = [m for m in METHODS if m in args.methods and not METHODS[m].table1_only]
+    keys = [s.key for s in setup.settings]
+    by_key = {s.key: s for s in setup.settings}
+    main_methods = [m for m in METHODS if m in setup.methods and not METHODS[m].table1_only]
     lines = ["**Tables 2 and 3: final test accuracy after the last round (measured / mean of the last 10% of rounds "
               "/ paper)**", ""]
     head = "| method | " + " | ".join(f"{k}: final | last 10% | paper" for k in keys) + " |"
@@ -838,18 +924,18 @@ def accuracy_lines(at: dict[tuple[str, str, str], dict], args: argparse.Namespac
     return lines
 
 
-def table1_lines(at: dict[tuple[str, str, str], dict], args: argparse.Namespace) -> list[str]:
+def table1_lines(at: dict[tuple[str, str, str], dict], setup: Ca2flSettings) -> list[str]:
     """Table 1 on the first setting: final and best accuracy and R# of every method, beside the paper's."""
-    first = args.settings[0]
+    first = setup.settings[0]
     t1 = [m for m in ("asyncfl", "ca2fl", "mf8", "mf4", "mf2", "fedbuff_immediate", "fedasync_constant",
-                      "fedasync_polynomial") if m in args.methods]
-    target = target_for(first, args)
+                      "fedasync_polynomial") if m in setup.methods]
+    target = target_for(first, setup)
     paper_t1 = PAPER_TABLE1.get(first.model if first.model in PAPER_TABLE1 else "ca2fl_cnn")
     same = first.dataset == "cifar10" and first.model in PAPER_TABLE1
     paper_model = "same model" if same else "CIFAR-10 CNN, reference"
     target_text = f"{100 * target:g}%" if target is not None else "none"
     lines = [f"**Table 1 ({first.key}): final accuracy, best accuracy and R# (first round with test accuracy >= "
-              f"{target_text}; FedAsync: client updates / {args.buffer}); paper Table 1 ({paper_model}, one run, "
+              f"{target_text}; FedAsync: client updates / {setup.buffer}); paper Table 1 ({paper_model}, one run, "
               f"R# at {100 * PAPER_TARGET.get(first.model, 0.5):g}%)**", "",
               "| method | final | best | R# | paper acc. | paper R# |", "|---|---|---|---|---|---|"]
     for m in t1:
@@ -860,15 +946,15 @@ def table1_lines(at: dict[tuple[str, str, str], dict], args: argparse.Namespace)
         paper_acc = f"{p[0]:.2f}" if p else "-"
         paper_r = ("500+" if p[1] is None else str(p[1])) if p else "-"
         lines.append(f"| {METHODS[m].label} | {pct(row['final'], row['final_std'])} | "
-                     f"{pct(row['best'], row['best_std'])} | {r_cell(row, args.rounds)} | {paper_acc} | {paper_r} |")
+                     f"{pct(row['best'], row['best_std'])} | {r_cell(row, setup.rounds)} | {paper_acc} | {paper_r} |")
     lines.append("")
     return lines
 
 
-def ablation_lines(rows: list[dict], args: argparse.Namespace) -> list[str]:
+def ablation_lines(rows: list[dict], setup: Ca2flSettings) -> list[str]:
     """Fig. 4 and Fig. 5a: final accuracy of Async FL and CA2FL at every ablation point (when there are several)."""
     lines: list[str] = []
-    abl = args.ablation_setting.key
+    abl = setup.ablation_setting.key
     sweep = sorted([r for r in rows if r["setting"] == abl and r["method"] in ABLATION_METHODS
                     and r["final_ablation"] is not None],
                    key=lambda r: (r["delays"] != "random", r["concurrency"], r["buffer"]))
@@ -878,22 +964,22 @@ def ablation_lines(rows: list[dict], args: argparse.Namespace) -> list[str]:
             points.append((r["concurrency"], r["buffer"], r["delays"]))
     if len(points) > 1:
         acc = {(r["method"], r["concurrency"], r["buffer"], r["delays"]): r for r in sweep}
-        lines += [f"**Ablation (Fig. 4, Fig. 5a) on {abl}: final accuracy, seeds {args.ablation_seeds}, "
-                  f"{args.rounds} rounds each**", "",
+        lines += [f"**Ablation (Fig. 4, Fig. 5a) on {abl}: final accuracy, seeds {setup.ablation_seeds}, "
+                  f"{setup.rounds} rounds each**", "",
                   "| Mc | M | delays | tau_avg | tau_max | Async FL | CA2FL | CA2FL - Async FL |",
                   "|---|---|---|---|---|---|---|---|"]
         for mc, m, d in points:
             a, c = acc.get(("asyncfl", mc, m, d)), acc.get(("ca2fl", mc, m, d))
             ref = a or c
             gap = f"{100 * (c['final_ablation'] - a['final_ablation']):+.2f}" if a and c else "-"
-            dname = "s_i ~ U(0, %g)" % args.delay_high if d == "random" else "halfnorm(5)"
+            dname = "s_i ~ U(0, %g)" % setup.delay_high if d == "random" else "halfnorm(5)"
             lines.append(f"| {mc} | {m} | {dname} | {ref['tau_avg_ablation']:.3f} | {ref['tau_max_ablation']:.0f} | "
                          f"{pct(a and a['final_ablation'])} | {pct(c and c['final_ablation'])} | {gap} |")
         lines.append("")
     return lines
 
 
-def delay_lines(delays: dict, args: argparse.Namespace) -> list[str]:
+def delay_lines(delays: dict, setup: Ca2flSettings) -> list[str]:
     """Tables 4 and 5: the staleness of the schedules beside the paper's."""
     lines = [f"**Table 4: delays of {delays['rounds']}-round schedules (mean over seeds {delays['seeds']}; "
               f"job times {'+ %g' % delays['shift'] if delays['shift'] else 'without shift'})**", "",
@@ -904,7 +990,7 @@ def delay_lines(delays: dict, args: argparse.Namespace) -> list[str]:
         lines.append(f"| {p['concurrency']} | {p['buffer']} | {p['tau_avg']:.3f} | {p['expected']:.3f} | "
                      f"{paper[1] if paper else '-'} | {p['tau_max']:.1f} ({p['tau_max_range'][0]}-"
                      f"{p['tau_max_range'][1]}) | {paper[0] if paper else '-'} |")
-    lines += ["", f"**Table 5: delay distributions (Mc = {args.concurrency}, M = {args.buffer})**", "",
+    lines += ["", f"**Table 5: delay distributions (Mc = {setup.concurrency}, M = {setup.buffer})**", "",
               "| job times | tau_avg | paper tau_avg | tau_max (range) | paper tau_max |", "|---|---|---|---|---|"]
     for name, d in delays["distributions"].items():
         paper = d["paper"]
@@ -936,37 +1022,38 @@ def paper_claim_text(setting: Setting, method: str, baseline: str) -> str:
     return "-"
 
 
-def setting_verdicts(records: list[dict], args: argparse.Namespace) -> dict[str, list]:
+def setting_verdicts(records: list[dict], setup: Ca2flSettings) -> dict[str, list]:
     """Per setting, the verdicts on :data:`CLAIMS` over the main seeds, at equal uploads, virtual time and local
     computation (the methods of one protocol share the schedule, so the three budgets agree for them)."""
     out = {}
-    for setting in args.settings:
+    for setting in setup.settings:
         runs = {m: [r for r in records if r["setting"] == setting.key and r["method"] == m
-                    and r["variant"] == "main" and r["seed"] in args.seeds] for m in METHODS}
+                    and r["variant"] == "main" and r["seed"] in setup.seeds] for m in METHODS}
         claims = [(text, m, b, paper_claim_text(setting, m, b)) for text, m, b in CLAIMS]
         out[setting.key] = claim_verdicts(runs, claims)
     return out
 
 
-def main_fastest_share(args: argparse.Namespace) -> float:
+def main_fastest_share(setup: Ca2flSettings) -> float:
     """The share of uploads made by the fastest 20% of the clients in the main protocol's schedules (mean over the
     seeds; the same for every method of the boundary-refill protocol)."""
-    method, variant = METHODS["asyncfl"], main_variant(args)
-    return float(np.mean([schedule_fastest_share(schedule_for(method, variant, args.rounds, seed, args),
-                                                 delay_model(variant.delays, args), seed) for seed in args.seeds]))
+    method, variant = METHODS["asyncfl"], main_variant(setup)
+    delays = delay_model(variant.delays, setup.delay_high, setup.delay_shift)
+    return float(np.mean([schedule_fastest_share(schedule_for(method, variant, setup.rounds, seed, setup), delays,
+                                                 seed) for seed in setup.seeds]))
 
 
-def plot_verdict_figures(records: list[dict], args: argparse.Namespace) -> list[str]:
+def plot_verdict_figures(records: list[dict], setup: Ca2flSettings) -> list[str]:
     """``claims_<dataset>_<model>_<alpha>.png``: per setting, one line per method with a band over the main seeds,
     against uploads, virtual time and local steps (:func:`asyncfl_jax.reproduce.verdicts.plot_methods`)."""
     written = []
-    for setting in args.settings:
+    for setting in setup.settings:
         runs = {m: [r for r in records if r["setting"] == setting.key and r["method"] == m
-                    and r["variant"] == "main" and r["seed"] in args.seeds] for m in METHODS}
+                    and r["variant"] == "main" and r["seed"] in setup.seeds] for m in METHODS}
         name = f"claims_{setting.dataset}_{setting.model}_{setting.alpha:g}.png"
-        plot_methods(runs, os.path.join(args.out, name),
-                     f"{setting.title}, n = {args.clients}, Mc = {args.concurrency}, M = {args.buffer}, "
-                     f"eta_l = {args.client_lr:g}", labels={k: m.label for k, m in METHODS.items()})
+        plot_methods(runs, os.path.join(setup.out, name),
+                     f"{setting.title}, n = {setup.clients}, Mc = {setup.concurrency}, M = {setup.buffer}, "
+                     f"eta_l = {setup.client_lr:g}", labels={k: m.label for k, m in METHODS.items()})
         written.append(name)
     return written
 
@@ -976,22 +1063,22 @@ STYLE = {"asyncfl": ("C0", "--"), "ca2fl": ("C3", "-"), "mf8": ("C1", "-"), "mf4
          "fedbuff_immediate": ("C7", ":"), "fedasync_constant": ("C5", "-."), "fedasync_polynomial": ("C8", "-.")}
 
 
-def plot(records: list[dict], rows: list[dict], args: argparse.Namespace) -> list[str]:
+def plot(records: list[dict], rows: list[dict], setup: Ca2flSettings) -> list[str]:
     """The figures: ``accuracy.png`` (Fig. 2), ``fedasync.png`` (Fig. 6, with FedAsync), ``ablation.png`` (Fig. 4 and
     5a, with an ablation) and, with ``--grid``, ``heatmap.png``; returns the names written."""
-    main = [r for r in records if r["variant"] == "main" and r["seed"] in args.seeds]
-    ablation = [r for r in records if r["setting"] == args.ablation_setting.key and r["method"] in ABLATION_METHODS
-                and r["seed"] in args.ablation_seeds]
-    written = [plot_accuracy(main, args), plot_fedasync(main, args), plot_ablation(ablation, args)]
-    if args.grid and len({r["variant"] for r in ablation}) > 1:
-        written.append(plot_grid(rows, args))
+    main = [r for r in records if r["variant"] == "main" and r["seed"] in setup.seeds]
+    ablation = [r for r in records if r["setting"] == setup.ablation_setting.key and r["method"] in ABLATION_METHODS
+                and r["seed"] in setup.ablation_seeds]
+    written = [plot_accuracy(main, setup), plot_fedasync(main, setup), plot_ablation(ablation, setup)]
+    if setup.grid and len({r["variant"] for r in ablation}) > 1:
+        written.append(plot_grid(rows, setup))
     return [name for name in written if name]
 
 
-def plot_accuracy(main: list[dict], args: argparse.Namespace) -> str:
+def plot_accuracy(main: list[dict], setup: Ca2flSettings) -> str:
     """Fig. 2: test accuracy against global rounds, one panel per setting (FedAsync left out)."""
     plt = pyplot()
-    keys = [s.key for s in args.settings]
+    keys = [s.key for s in setup.settings]
     cols = min(len(keys), 3)
     nrows = math.ceil(len(keys) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.5 * nrows), squeeze=False)
@@ -1001,17 +1088,17 @@ def plot_accuracy(main: list[dict], args: argparse.Namespace) -> str:
             if recs:
                 color, ls = STYLE[m]
                 ax.plot(*mean_of_aligned(recs, "rounds"), ls, color=color, label=METHODS[m].label, linewidth=1.3)
-        label_axes(ax, next(s.title for s in args.settings if s.key == k), "global round", "test accuracy")
+        label_axes(ax, next(s.title for s in setup.settings if s.key == k), "global round", "test accuracy")
     for ax in axes.flat[len(keys):]:
         ax.axis("off")
     fig.tight_layout()
-    return save_png(fig, args.out, "accuracy.png")
+    return save_png(fig, setup.out, "accuracy.png")
 
 
-def plot_fedasync(main: list[dict], args: argparse.Namespace) -> str | None:
+def plot_fedasync(main: list[dict], setup: Ca2flSettings) -> str | None:
     """Fig. 6: CA2FL and Async FL against FedAsync on the first setting, against client updates."""
     plt = pyplot()
-    first = args.settings[0].key
+    first = setup.settings[0].key
     fa = [r for r in main if r["setting"] == first]
     if not any(METHODS[r["method"]].kind == "fedasync" for r in fa):
         return None
@@ -1021,27 +1108,27 @@ def plot_fedasync(main: list[dict], args: argparse.Namespace) -> str | None:
         if recs:
             color, ls = STYLE[m]
             ax.plot(*mean_of_aligned(recs, "uploads"), ls, color=color, label=METHODS[m].label)
-    label_axes(ax, f"Fig. 6: CA2FL vs FedAsync, {args.settings[0].title}", "client updates received", "test accuracy")
+    label_axes(ax, f"Fig. 6: CA2FL vs FedAsync, {setup.settings[0].title}", "client updates received", "test accuracy")
     fig.tight_layout()
-    return save_png(fig, args.out, "fedasync.png")
+    return save_png(fig, setup.out, "fedasync.png")
 
 
-def plot_ablation(ab: list[dict], args: argparse.Namespace) -> str | None:
+def plot_ablation(ab: list[dict], setup: Ca2flSettings) -> str | None:
     """Fig. 4 and 5a: Async FL and CA2FL over Mc, over M and under fixed delays."""
     plt = pyplot()
-    abl = args.ablation_setting.key
+    abl = setup.ablation_setting.key
     if len({r["variant"] for r in ab}) < 2:
         return None
     fig, axes = plt.subplots(2, 3, figsize=(14, 7), squeeze=False)
     for i, m in enumerate(ABLATION_METHODS):
         mine = [r for r in ab if r["method"] == m]
-        sweeps = (("concurrency", lambda r: r["buffer"] == args.buffer and r["delays"] == "random",
+        sweeps = (("concurrency", lambda r: r["buffer"] == setup.buffer and r["delays"] == "random",
                    lambda r: f"Mc = {r['concurrency']}"),
-                  ("buffer", lambda r: r["concurrency"] == args.concurrency and r["delays"] == "random",
+                  ("buffer", lambda r: r["concurrency"] == setup.concurrency and r["delays"] == "random",
                    lambda r: f"M = {r['buffer']}"),
-                  ("delays", lambda r: r["concurrency"] == args.concurrency and r["buffer"] == args.buffer,
+                  ("delays", lambda r: r["concurrency"] == setup.concurrency and r["buffer"] == setup.buffer,
                    lambda r: "halfnorm(5) for all" if r["delays"] == "fixed" else
-                   f"s_i ~ U(0, {args.delay_high:g})"))
+                   f"s_i ~ U(0, {setup.delay_high:g})"))
         for j, (field, keep, label) in enumerate(sweeps):
             ax = axes[i][j]
             picked = sorted([r for r in mine if keep(r)],
@@ -1056,16 +1143,16 @@ def plot_ablation(ab: list[dict], args: argparse.Namespace) -> str | None:
                 ax.plot(*mean_of_aligned(recs, "rounds"), label=f"{lab} (tau_avg {tau:.2f})", linewidth=1.2)
             swept = {"concurrency": "Mc", "buffer": "M", "delays": "delays"}[field]
             label_axes(ax, f"{METHODS[m].label}: {swept}", "global round", "test accuracy")
-    fig.suptitle(f"Ablations on {next(s.title for s in args.settings if s.key == abl)} (Fig. 4, Fig. 5a)",
+    fig.suptitle(f"Ablations on {next(s.title for s in setup.settings if s.key == abl)} (Fig. 4, Fig. 5a)",
                  fontsize=11)
     fig.tight_layout()
-    return save_png(fig, args.out, "ablation.png")
+    return save_png(fig, setup.out, "ablation.png")
 
 
-def plot_grid(rows: list[dict], args: argparse.Namespace) -> str:
+def plot_grid(rows: list[dict], setup: Ca2flSettings) -> str:
     """The full Mc x M grid of the ablation (``--grid``) as heat maps of the final accuracy and the gap."""
     plt = pyplot()
-    abl = args.ablation_setting.key
+    abl = setup.ablation_setting.key
     sweep = [r for r in rows if r["setting"] == abl and r["delays"] == "random" and r["method"] in ABLATION_METHODS
              and r["final_ablation"] is not None]
     mcs = sorted({r["concurrency"] for r in sweep})
@@ -1094,57 +1181,57 @@ def plot_grid(rows: list[dict], args: argparse.Namespace) -> str:
         ax.set_title(f"{title}, final acc. (%)", fontsize=10)
         fig.colorbar(im, ax=ax)
     fig.tight_layout()
-    return save_png(fig, args.out, "heatmap.png")
+    return save_png(fig, setup.out, "heatmap.png")
 
 
 # ------------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> int:
     """The command: runs every setting (and the ablation) of the arguments and writes ``table.md``, ``results.json``
     and the figures to ``--out``; 2 when a dataset is not available."""
-    return command_main(argv, parse_args, run_all, write_report, load=check_available)
+    return command_main(argv, parse_settings, run_all, write_report, load=check_available)
 
 
-def check_available(args: argparse.Namespace) -> dict[str, Dataset]:
+def check_available(setup: Ca2flSettings) -> dict[str, Dataset]:
     """Every setting's dataset, each loaded once; ``DataUnavailable`` when one cannot be read (:func:`check_data`) or
     a setting's Dirichlet split cannot be drawn (:func:`partition_problem`): before anything is compiled, not after
     the first settings' runs."""
-    problem = check_data(args)
+    problem = check_data(setup)
     if problem:
         raise DataUnavailable(problem)
-    datasets = {name: load_setting_dataset(name, args) for name in dict.fromkeys(s.dataset for s in args.settings)}
-    problem = partition_problem(args, datasets)
+    datasets = {name: load_setting_dataset(name, setup) for name in dict.fromkeys(s.dataset for s in setup.settings)}
+    problem = partition_problem(setup, datasets)
     if problem:
         raise DataUnavailable(problem)
     return datasets
 
 
-def run_all(args: argparse.Namespace, datasets: dict[str, Dataset]) -> dict[str, Any]:
+def run_all(setup: Ca2flSettings, datasets: dict[str, Dataset]) -> dict[str, Any]:
     """Every setting (its dataset from :func:`check_available`): the runs, the tasks' descriptions and the delay
     tables."""
-    delays = delay_tables(args)
+    delays = delay_tables(setup)
     records, infos = [], {}
-    for setting in args.settings:
-        recs, infos[setting.key] = run_setting(setting, datasets[setting.dataset], args)
+    for setting in setup.settings:
+        recs, infos[setting.key] = run_setting(setting, datasets[setting.dataset], setup)
         records += recs
     return {"runs": records, "tasks": infos, "delays": delays}
 
 
-def write_report(args: argparse.Namespace, results: dict[str, Any], seconds: float) -> str:
+def write_report(setup: Ca2flSettings, results: dict[str, Any], seconds: float) -> str:
     """``table.md``, ``results.json`` and the figures; returns the table."""
     records, infos, delays = results["runs"], results["tasks"], results["delays"]
-    rows = summarize(records, args)
-    table = format_table(rows, delays, infos, args, seconds)
-    verdicts = setting_verdicts(records, args)
+    rows = summarize(records, setup)
+    table = format_table(rows, delays, infos, setup, seconds)
+    verdicts = setting_verdicts(records, setup)
     table += "\n".join(line for key, vs in verdicts.items()
-                       for line in ["", *verdict_lines(vs, f"Verdicts, {key}, seeds {args.seeds}")]) + "\n"
-    table += participation_line({f"Mc = {args.concurrency}, M = {args.buffer}, s_i ~ U(0, {args.delay_high:g})":
-                                 main_fastest_share(args)}) + "\n"
+                       for line in ["", *verdict_lines(vs, f"Verdicts, {key}, seeds {setup.seeds}")]) + "\n"
+    table += participation_line({f"Mc = {setup.concurrency}, M = {setup.buffer}, s_i ~ U(0, {setup.delay_high:g})":
+                                 main_fastest_share(setup)}) + "\n"
     saved_args = {k: ([s.key for s in v] if k == "settings" else v.key if k == "ablation_setting" else v)
-                  for k, v in vars(args).items()}
-    write_outputs(args.out, table, {"args": saved_args, "tasks": infos, "results": rows,
-                                    "checks": direction_checks(rows, args), "delays": delays, "runs": records,
+                  for k, v in vars(setup).items()}
+    write_outputs(setup.out, table, {"args": saved_args, "tasks": infos, "results": rows,
+                                    "checks": direction_checks(rows, setup), "delays": delays, "runs": records,
                                     "verdicts": {k: [verdict_json(v) for v in vs] for k, vs in verdicts.items()},
                                     "seconds": round(seconds, 1)})
-    plot(records, rows, args)
-    plot_verdict_figures(records, args)
+    plot(records, rows, setup)
+    plot_verdict_figures(records, setup)
     return table

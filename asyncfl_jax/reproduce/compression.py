@@ -45,6 +45,7 @@ It needs the Fashion-MNIST IDX files (Debian: ``apt-get install dataset-fashion-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -59,6 +60,7 @@ from asyncfl_jax.data import partition
 from asyncfl_jax.reproduce.curves import best_on_grid, fewest_on_grid, mean_if_all
 from asyncfl_jax.reproduce.data import DataUnavailable, add_dataset_arguments, load_dataset
 from asyncfl_jax.reproduce.report import fmt_bits, pyplot, save_png, write_outputs, yes_no
+from asyncfl_jax.reproduce.settings import ReproductionSettings
 from asyncfl_jax.timing import DelayModel, pad_to_common_widths
 
 # name: (algorithm, options, protocol, swept hyper-parameter, grid). The compressors' "fraction" and "quant_bits" are
@@ -112,20 +114,81 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def grid_of(method: str, args: argparse.Namespace) -> list[float]:
-    """The server learning rates swept for a method (``--quick``: all but the smallest)."""
+@dataclasses.dataclass(frozen=True)
+class CompressionSettings(ReproductionSettings):
+    """The settings of the compression demonstration: the command line's options after :func:`parse_args` filled in
+    the defaults of ``--quick`` and the dataset's target. Build it with :func:`parse_settings` (a command line) or
+    :meth:`from_keywords` (the options as keywords).
+
+    Attributes:
+        clients: n, the number of clients.
+        uploads: the client uploads of every run (every method).
+        dirichlet_alpha: the concentration of the Dirichlet label split.
+        seeds: the training and timing seeds.
+        target: the test accuracy whose bits to reach are counted.
+        model: ``logreg`` or ``mlp`` (one hidden layer of 64 units).
+        local_steps: K, the local SGD steps per upload.
+        batch_size: the clients' minibatch.
+        client_lr: the local SGD step size.
+        period: the window W of the AsynFL servers, in units of the mean job duration.
+        buffer_size: FedBuff's M.
+        fraction: the fraction of d top-k keeps.
+        quant_bits: the bits per value of the top-k+Q quantizer.
+        methods: the methods run (``METHODS`` keys).
+        dataset: ``fashion_mnist`` or ``synthetic``.
+        data_dir: the IDX (or TFDS) data folder; None: the default places.
+        quick: 1000 uploads, one seed, the grids without their smallest value.
+        out: the output folder.
+    """
+
+    clients: int
+    uploads: int
+    dirichlet_alpha: float
+    seeds: list[int]
+    target: float
+    model: str
+    local_steps: int
+    batch_size: int
+    client_lr: float
+    period: float
+    buffer_size: int
+    fraction: float
+    quant_bits: int
+    methods: list[str]
+    dataset: str
+    data_dir: str | None
+    quick: bool
+    out: str
+
+    @classmethod
+    def from_keywords(cls, **options: Any) -> CompressionSettings:
+        """The settings of the command line that gives ``options`` (``dest=value`` as the flags take them, e.g.
+        ``quick=True, methods=["AsynFL", "FedBuff"]``): the same defaults and filling as :func:`parse_args`; a
+        refused value raises :class:`~asyncfl_jax.reproduce.settings.SettingsError` with the command line's
+        message."""
+        return cls._from_keywords(build_parser(), parse_args, options)
+
+
+def parse_settings(argv: list[str] | None = None) -> CompressionSettings:
+    """The settings of a command line (:func:`parse_args`; a bad argument exits with a usage error)."""
+    return CompressionSettings.from_args(parse_args(argv))
+
+
+def grid_of(method: str, quick: bool) -> list[float]:
+    """The server learning rates swept for a method (``quick``: all but the smallest)."""
     grid = METHODS[method][4]
-    return grid[1:] if args.quick else grid
+    return grid[1:] if quick else grid
 
 
-def algorithm_of(method: str, args: argparse.Namespace) -> Algorithm:
-    """The algorithm of a method, with ``--fraction`` and ``--quant-bits`` for its compressor."""
+def algorithm_of(method: str, fraction: float, quant_bits: int) -> Algorithm:
+    """The algorithm of a method, with ``fraction`` (``--fraction``) and ``quant_bits`` (``--quant-bits``) for its
+    compressor."""
     name, options, *_ = METHODS[method]
     options = dict(options)
     if "compressor" in options:
-        options["fraction"] = args.fraction
+        options["fraction"] = fraction
         if options["compressor"] == "top_k_qsgd":
-            options["quant_bits"] = args.quant_bits
+            options["quant_bits"] = quant_bits
     return get_algorithm(name, **options)
 
 
@@ -134,41 +197,41 @@ def delay_model() -> DelayModel:
     return DelayModel(speed="normal", speed_mean=1.0, speed_std=0.3, speed_min=0.1, noise="lognormal", noise_sigma=0.1)
 
 
-def schedules_for(method: str, args: argparse.Namespace) -> tuple[list[Schedule], int]:
-    """One schedule per seed with (at least) ``args.uploads`` uploads, every seed with the same number of steps, and
+def schedules_for(method: str, setup: CompressionSettings) -> tuple[list[Schedule], int]:
+    """One schedule per seed with (at least) ``setup.uploads`` uploads, every seed with the same number of steps, and
     the evaluation interval (about 40 evaluations; the steps are a multiple of it, so one chunk size is compiled)."""
-    n, delays = args.clients, delay_model()
+    n, delays = setup.clients, delay_model()
     if METHODS[method][2] == "buffer":
-        needed = math.ceil(args.uploads / args.buffer_size)
+        needed = math.ceil(setup.uploads / setup.buffer_size)
         every = max(1, math.ceil(needed / EVALUATIONS))
         steps = math.ceil(needed / every) * every
-        return [make_schedule("concurrent", n, steps, delays, seed, concurrency=n, buffer_size=args.buffer_size,
-                              refill="immediate") for seed in args.seeds], every
+        return [make_schedule("concurrent", n, steps, delays, seed, concurrency=n, buffer_size=setup.buffer_size,
+                              refill="immediate") for seed in setup.seeds], every
     # A window holds a random number of arrivals (about n W / mean duration): build a long schedule per seed and cut
     # every seed's at the step where the slowest seed reaches the upload budget (a shorter schedule is a prefix).
-    guess = math.ceil(2 * args.uploads / max(1.0, n * args.period)) + 2 * EVALUATIONS
-    long = [make_schedule("all_active", n, guess, delays, seed, aggregation="periodic", period=args.period)
-            for seed in args.seeds]
-    needed = max(int(np.searchsorted(np.cumsum(s.uploads_per_step), args.uploads)) + 1 for s in long)
+    guess = math.ceil(2 * setup.uploads / max(1.0, n * setup.period)) + 2 * EVALUATIONS
+    long = [make_schedule("all_active", n, guess, delays, seed, aggregation="periodic", period=setup.period)
+            for seed in setup.seeds]
+    needed = max(int(np.searchsorted(np.cumsum(s.uploads_per_step), setup.uploads)) + 1 for s in long)
     every = max(1, math.ceil(needed / EVALUATIONS))
     steps = math.ceil(needed / every) * every
     if steps > guess:
-        raise RuntimeError(f"the window schedules have fewer than {args.uploads} uploads in {guess} steps")
+        raise RuntimeError(f"the window schedules have fewer than {setup.uploads} uploads in {guess} steps")
     return pad_to_common_widths([s.truncate(steps) for s in long]), every  # the seeds run as one program
 
 
 def summarise(method: str, history: History, grid: list[float],
-              args: argparse.Namespace) -> tuple[dict[str, Any], list[int]]:
+              setup: CompressionSettings) -> tuple[dict[str, Any], list[int]]:
     """The row of ``method`` at its best grid value (highest final accuracy; a value that diverged on some seed ranks
     last) and the replicas of that value."""
-    S, G = len(args.seeds), len(grid)
+    S, G = len(setup.seeds), len(grid)
 
     def per_value(a):  # [R] in replica order (seed-major, then grid) -> [S, G]
         return np.asarray(a, dtype=np.float64).reshape(S, G)
 
-    bits = per_value(history.to_reach(args.target, by="upload_bits"))
-    bits_index = per_value(history.to_reach(args.target, by="upload_bits_with_index"))
-    uploads = per_value(history.to_reach(args.target, by="uploads"))
+    bits = per_value(history.to_reach(setup.target, by="upload_bits"))
+    bits_index = per_value(history.to_reach(setup.target, by="upload_bits_with_index"))
+    uploads = per_value(history.to_reach(setup.target, by="uploads"))
     diverged = per_value(history.diverged_at >= 0).astype(bool)
     # The mean of the last three evaluations (the last ~7% of the run): less noisy than the last one.
     best, final = best_on_grid(per_value(np.nanmean(history.metrics["test_accuracy"][:, -3:], axis=1)), diverged)
@@ -203,26 +266,27 @@ def summarise(method: str, history: History, grid: list[float],
 def main(argv: list[str] | None = None) -> int:
     """The command: every method over its grid, then ``table.md``, ``results.json`` and ``accuracy_vs_bits.png`` in
     ``--out``; 2 when the dataset is not available."""
-    args = parse_args(argv)
+    setup = parse_settings(argv)
     try:
-        dataset = load_dataset(args.dataset, args.data_dir, args.data_dir, synthetic_clients=args.clients)
+        dataset = load_dataset(setup.dataset, setup.data_dir, setup.data_dir, synthetic_clients=setup.clients)
     except DataUnavailable as e:
         print(f"error: {e}\n(--dataset synthetic needs no files)", file=sys.stderr)
         return 2
-    os.makedirs(args.out, exist_ok=True)
-    model = make_model(args.model, dataset.input_shape, dataset.num_classes, seed=0, hidden=(64,))
-    parts = partition("dirichlet", dataset.train_y, args.clients, seed=0, alpha=args.dirichlet_alpha)
+    os.makedirs(setup.out, exist_ok=True)
+    model = make_model(setup.model, dataset.input_shape, dataset.num_classes, seed=0, hidden=(64,))
+    parts = partition("dirichlet", dataset.train_y, setup.clients, seed=0, alpha=setup.dirichlet_alpha)
     task = make_task(dataset, parts, model)
-    local = LocalConfig(steps=args.local_steps, batch_size=args.batch_size)
+    local = LocalConfig(steps=setup.local_steps, batch_size=setup.batch_size)
     results, curves = [], {}
     started = time.perf_counter()
-    for method in args.methods:
-        grid = grid_of(method, args)
-        schedules, every = schedules_for(method, args)
-        history = simulate(task, algorithm_of(method, args), schedules, local=local, seeds=args.seeds,
-                           hparams={"client_lr": args.client_lr, METHODS[method][3]: grid}, eval_every=every,
+    for method in setup.methods:
+        grid = grid_of(method, setup.quick)
+        schedules, every = schedules_for(method, setup)
+        algorithm = algorithm_of(method, setup.fraction, setup.quant_bits)
+        history = simulate(task, algorithm, schedules, local=local, seeds=setup.seeds,
+                           hparams={"client_lr": setup.client_lr, METHODS[method][3]: grid}, eval_every=every,
                            progress=False, label=method)
-        row, replicas = summarise(method, history, grid, args)
+        row, replicas = summarise(method, history, grid, setup)
         results.append(row)
         curves[method] = (history.upload_bits[replicas].mean(axis=0),
                           history.upload_bits_with_index[replicas].mean(axis=0),
@@ -230,27 +294,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{method:<19} acc={row['final_accuracy']:.4f} bits to target={fmt_bits(row['bits_to_target'])} "
               f"(server_lr={row['best_value']:g}; grid acc {[round(g['final_accuracy'], 4) for g in row['grid']]}, "
               f"reached {[g['seeds_reached'] for g in row['grid']]})  {row['seconds']}s", file=sys.stderr, flush=True)
-    table = format_table(results, args)
+    table = format_table(results, setup)
     print(table)
-    write_outputs(args.out, table, {"args": vars(args), "d": int(task.num_params), "results": results,
+    write_outputs(setup.out, table, {"args": vars(setup), "d": int(task.num_params), "results": results,
                                     "seconds": round(time.perf_counter() - started, 1)}, indent=2)
-    plot(curves, args, os.path.join(args.out, "accuracy_vs_bits.png"))
+    plot(curves, setup, os.path.join(setup.out, "accuracy_vs_bits.png"))
     return 0
 
 
-def format_table(results: list[dict], args: argparse.Namespace) -> str:
+def format_table(results: list[dict], setup: CompressionSettings) -> str:
     """One row per method: final accuracy, bits to the target (payload; with indices), uploads, divergence; then
     every grid value."""
-    S = len(args.seeds)
+    S = len(setup.seeds)
     reference = next((r["bits_to_target"] for r in results if r["method"] == "AsynFL"), None)
 
     def cost(value, reached):
         return fmt_bits(value) if reached == S else f"not reached ({reached}/{S} seeds)"
 
-    lines = [f"Upload volume to reach {args.target:.0%} test accuracy: {args.dataset}, {args.model}, {args.clients} "
-             f"clients, Dirichlet({args.dirichlet_alpha:g}), {args.uploads} uploads per run, mean over seeds "
-             f"{args.seeds}; each method at the server_lr of its grid with the best final accuracy (mean of the last "
-             "3 evaluations). Bits: payload only (the paper's Table III), and payload + index.", "",
+    lines = [f"Upload volume to reach {setup.target:.0%} test accuracy: {setup.dataset}, {setup.model}, "
+             f"{setup.clients} clients, Dirichlet({setup.dirichlet_alpha:g}), {setup.uploads} uploads per run, "
+             f"mean over seeds {setup.seeds}; each method at the server_lr of its grid with the best final accuracy "
+             "(mean of the last 3 evaluations). Bits: payload only (the paper's Table III), and payload + index.", "",
              "| method | server_lr | final acc. | bits to target | x fewer than AsynFL | bits with index | "
              "uploads to target | fewest bits on the grid (server_lr) | diverged |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -277,7 +341,7 @@ def format_table(results: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(curves: dict, args: argparse.Namespace, path: str) -> None:
+def plot(curves: dict, setup: CompressionSettings, path: str) -> None:
     """``accuracy_vs_bits.png``: the mean test accuracy against the cumulative upload bits (payload; with indices)."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
@@ -287,12 +351,12 @@ def plot(curves: dict, args: argparse.Namespace, path: str) -> None:
             keep = x > 0  # the initial model (0 bits) has no place on a log axis
             ax.plot(x[keep], acc[keep], label=method, linestyle=style)
     for ax, what in zip(axes, ("payload", "payload + index")):
-        ax.axhline(args.target, color="grey", linewidth=0.8)
+        ax.axhline(setup.target, color="grey", linewidth=0.8)
         ax.set_xscale("log")
         ax.set_xlabel(f"cumulative upload bits ({what})")
         ax.grid(alpha=0.3, which="both")
     axes[0].set_ylabel("test accuracy")
-    axes[0].set_title(f"{args.dataset}, {args.model}, Dir({args.dirichlet_alpha:g}), target {args.target:g}",
+    axes[0].set_title(f"{setup.dataset}, {setup.model}, Dir({setup.dirichlet_alpha:g}), target {setup.target:g}",
                       fontsize=9)
     axes[1].legend(fontsize=8)
     fig.tight_layout()

@@ -13,12 +13,11 @@ cannot share a program, so no module pads or matches schedules to seeds itself.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -30,6 +29,8 @@ from asyncfl_jax.reproduce.data import DataUnavailable
 from asyncfl_jax.reproduce.report import log_program
 from asyncfl_jax.results import History
 from asyncfl_jax.task import Task
+
+SettingsT = TypeVar("SettingsT")  # a reproduction's settings (e.g. AceSettings), with an ``out`` folder
 
 SETTING_SEED_STRIDE = 1000
 """The training seed of seed ``s`` in setting ``j`` of a program is ``1000 j + s`` (:func:`setting_seed`)."""
@@ -171,30 +172,32 @@ def replica_runs(frame: Any, keep: Sequence[str], series: Mapping[str, str]) -> 
     return out
 
 
-def command_main(argv: list[str] | None, parse_args: Callable[[list[str] | None], argparse.Namespace],
-                 run: Callable[[argparse.Namespace, Any], Any],
-                 report: Callable[[argparse.Namespace, Any, float], str],
-                 load: Callable[[argparse.Namespace], Any] | None = None,
-                 early: Callable[[argparse.Namespace], int | None] | None = None) -> int:
-    """The command of a reproduction: ``args = parse_args(argv)``; ``inputs = load(args)`` (the data; a
-    :class:`~asyncfl_jax.reproduce.data.DataUnavailable` is printed as ``error: ...`` and returns 2, before anything
-    is written); ``results = run(args, inputs)``; ``report(args, results, seconds)`` writes the tables, JSON and
-    figures into ``args.out`` and returns the table, which is printed. Returns 0. ``early(args)`` (optional) handles
-    what runs nothing (``--dry-run``, ``--from-results``): an exit code ends the command there, None goes on."""
-    args = parse_args(argv)
+def command_main(argv: list[str] | None, parse_args: Callable[[list[str] | None], SettingsT],
+                 run: Callable[[SettingsT, Any], Any],
+                 report: Callable[[SettingsT, Any, float], str],
+                 load: Callable[[SettingsT], Any] | None = None,
+                 early: Callable[[SettingsT], int | None] | None = None) -> int:
+    """The command of a reproduction: ``settings = parse_args(argv)`` (the module's settings, e.g.
+    :class:`~asyncfl_jax.reproduce.ace.AceSettings`: anything with an ``out`` folder); ``inputs = load(settings)``
+    (the data; a :class:`~asyncfl_jax.reproduce.data.DataUnavailable` is printed as ``error: ...`` and returns 2,
+    before anything is written); ``results = run(settings, inputs)``; ``report(settings, results, seconds)`` writes
+    the tables, JSON and figures into ``settings.out`` and returns the table, which is printed. Returns 0.
+    ``early(settings)`` (optional) handles what runs nothing (``--dry-run``, ``--from-results``): an exit code ends
+    the command there, None goes on."""
+    settings = parse_args(argv)
     if early is not None:
-        code = early(args)
+        code = early(settings)
         if code is not None:
             return code
     try:
-        inputs = load(args) if load is not None else None
+        inputs = load(settings) if load is not None else None
     except DataUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(settings.out, exist_ok=True)
     started = time.perf_counter()
-    results = run(args, inputs)
-    table = report(args, results, time.perf_counter() - started)
+    results = run(settings, inputs)
+    table = report(settings, results, time.perf_counter() - started)
     print(table)
     return 0
 
