@@ -42,7 +42,7 @@ Scales:
   mean of the last three evaluations). Measured results: ``docs/reproduce_asynflc_ef.md``.
 * ``--scale cpu_mlp``: the paper's claims on a non-convex model: Fashion-MNIST, the MLP 784-64-10 (d = 50,890),
   n = 50, Dirichlet(0.4), W = 500 s, K = 10, batch 32, local lr 0.2 (the best of a sweep, docs), T = 80 rounds
-  (about 2,880 uploads), seeds 0-4; five methods (:data:`CLAIM_METHODS`: AsynFL, AsynFLC(Q4b), AsynFLC(top3),
+  (about 2,990 uploads), seeds 0-4; five methods (:data:`CLAIM_METHODS`: AsynFL, AsynFLC(Q4b), AsynFLC(top3),
   AsynFLC-EF(top3), AsynFLC-EF(top3+Q2b)), each at its best server lr of {1, 2, 4}; no heat map and no Fig. 4 part.
   ``table.md`` ends with the verdicts on the claims (:data:`UPLOAD_CLAIMS` at equal uploads and virtual time,
   :data:`BITS_CLAIMS` at equal bits; :mod:`asyncfl_jax.reproduce.verdicts`) and ``claims_<task>.png`` draws the
@@ -102,9 +102,9 @@ from asyncfl_jax.data import Dataset, partition
 from asyncfl_jax.reproduce.curves import best_on_grid, fewest_on_grid, first_reach, mean_if_all
 from asyncfl_jax.reproduce.data import DataUnavailable, check_dataset, load_dataset
 from asyncfl_jax.reproduce.grid import command_main, metric_dtype, replica_arrays, run_grid, setting_seed
-from asyncfl_jax.reproduce.verdicts import verdict_json
 from asyncfl_jax.reproduce.report import (distinct_seeds_problem, fmt_bits, fmt_ratio, parse_checked, pyplot,
                                           round_up, to_json, yes_no)
+from asyncfl_jax.reproduce.verdicts import verdict_json
 from asyncfl_jax.results import save_figure, write_atomic
 from asyncfl_jax.timing import DelayModel, delay_statistics, window_schedule
 
@@ -713,6 +713,7 @@ def direction_checks(result: dict, cfg: dict) -> list[str]:
                    f"{heavy_first[0]['method']} vs lightest {heavy_first[-1]['method']}): "
                    f"{heavy_first[0]['uploads_ratio']:.2f}x vs {heavy_first[-1]['uploads_ratio']:.2f}x of AsynFL")
     return out
+
 
 # ------------------------------------------------------------------------------------------------ verdicts
 # The paper's claims with a direction (digest section 4.3, observations 2-6, and Table III), as (claim, method,
