@@ -828,6 +828,7 @@ def claims_figure(result: dict, path: str) -> str | None:
         ax.grid(alpha=0.3)
         if limits is not None:
             ax.set_ylim(*limits)
+    panels[1].xaxis.set_major_locator(plt.MaxNLocator(5))  # virtual times of five digits do not overlap
     panels[2].set_xscale("log")
     hidden = TASKS[cfg["task"]].get("hidden")
     model = f"MLP 784-{'-'.join(str(h) for h in hidden)}-10" if hidden and cfg["model"] == "mlp" else cfg["model"]
