@@ -70,6 +70,8 @@ The command is ``scripts/reproduce_asynflc_ef.py`` (examples in its docstring, o
 
 ``--scale cpu`` ran in 14 CPU-minutes (38 minutes of wall time on 2 cores shared with other jobs): 16 programs of 8
 replicas and the Fig. 4 program of 10.
+``--scale cpu_mlp`` ran in 13.8 CPU-minutes (29 minutes of wall time on the same shared 2 cores): five programs of
+15 replicas.
 
 It writes ``table.md``, ``results.json`` (settings, per-method rows, heat-map cells, delay statistics and every
 run's evaluations), ``accuracy_vs_bits.png``, ``accuracy_vs_time.png``, ``heatmap.png`` and ``waiting_time.png`` to
