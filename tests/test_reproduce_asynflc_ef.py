@@ -95,8 +95,8 @@ def test_quick_run_end_to_end_writes_every_output(tmp_path):
                            "--fractions", "0.03", "--quant-bits", "4", "--windows", "500", "1000", "--out", str(out)],
                           env=_env(XLA_FLAGS=flags), capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(os.listdir(out)) == ["accuracy_vs_bits.png", "accuracy_vs_time.png", "heatmap.png",
-                                       "results.json", "table.md", "waiting_time.png"]
+    assert sorted(os.listdir(out)) == ["accuracy_vs_bits.png", "accuracy_vs_time.png", "claims_synthetic_logreg.png",
+                                       "heatmap.png", "results.json", "table.md", "waiting_time.png"]
     table = (out / "table.md").read_text()
     assert table in proc.stdout  # the table is also printed
     methods = ["FedBuff", "AsynFL", "AsynFLC(top3)", "AsynFLC-EF(top3+Q4b)", "AsynFLC-EF(top3)"]
@@ -128,3 +128,97 @@ def test_quick_run_end_to_end_writes_every_output(tmp_path):
     assert R.main(["--from-results", str(out / "results.json"), "--out", str(again)]) == 0
     assert sorted(os.listdir(again)) == sorted(os.listdir(out))
     assert (again / "table.md").read_text() == table
+
+
+# ------------------------------------------------------------------------------------------------ --scale cpu_mlp
+def test_cpu_mlp_scale_runs_the_claim_methods_on_five_seeds_without_heat_map_or_windows(capsys):
+    args = R.parse_args(["--scale", "cpu_mlp"])
+    assert args.tasks == ["fmnist_mlp_cpu"] and args.seeds == [0, 1, 2, 3, 4] and args.server_lr == [1.0, 2.0, 4.0]
+    assert [m.name for m in args.method_specs] == list(R.CLAIM_METHODS)
+    assert args.fractions == [] and args.windows == [] and R.all_methods(args) == args.method_specs
+    # The other scales keep Table III's methods, the heat map and the Fig. 4 part.
+    cpu = R.parse_args([])
+    assert cpu.methods == list(R.TABLE3_METHODS) and cpu.fractions == [0.03, 0.06, 0.1] and cpu.windows == R.WINDOWS
+    quick = R.parse_args(["--scale", "cpu_mlp", "--quick"])
+    assert quick.seeds == [0] and quick.rounds == 30 and quick.fractions == []
+    assert R.main(["--scale", "cpu_mlp", "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert plan.startswith("fmnist_mlp_cpu: fashion_mnist, mlp (d = 50,890)")  # the MLP 784-64-10
+    assert "seeds [0, 1, 2, 3, 4]" in plan and "5 methods" in plan
+
+
+def _result(curves: dict, K: int = 10) -> dict:
+    """A task result with only what the verdicts read: the settings and, per method, every seed's curve."""
+    rows = [{"method": m, "server_lr": 1.0} for m in curves]
+    return {"settings": {"local_steps": K, "paper_row": "fmnist_mlp", "task": "t", "seeds": [0, 1, 2]},
+            "rows": rows, "curves": curves}
+
+
+def _curve(final: list[float], bits_per_upload: float) -> dict:
+    """Three seeds evaluated at 0, 100, ..., 1000 uploads (100 s per upload), rising to ``final[s]`` by 500
+    uploads and flat after."""
+    uploads = list(range(0, 1001, 100))
+    return {"uploads": [uploads] * 3, "times": [[100.0 * u for u in uploads]] * 3,
+            "paper_bits": [[bits_per_upload * u for u in uploads]] * 3,
+            "accuracy": [[min(1.0, u / 500) * f for u in uploads] for f in final]}
+
+
+def test_claim_verdicts_at_equal_uploads_time_and_bits_beside_the_papers_numbers():
+    from asyncfl_jax.reproduce.verdicts import SEEDS_WITHIN_NOISE
+
+    d = 1000
+    result = _result({
+        "AsynFL": _curve([0.80, 0.81, 0.82], 32 * d),
+        "AsynFLC(top3)": _curve([0.70, 0.71, 0.72], 32 * 30),
+        "AsynFLC-EF(top3)": _curve([0.795, 0.815, 0.805], 32 * 30)})
+    verdicts = R.task_verdicts(result)
+    got = {(v.claim.split(":")[0].split(" (")[0], v.budget): v for v in verdicts}
+    # Only the claims whose two methods ran: 3 per-upload claims x 2 budgets, and one claim at equal bits.
+    assert sorted(got) == sorted([("error feedback helps top-k", "equal uploads"),
+                                  ("error feedback helps top-k", "equal virtual time"),
+                                  ("top-k without error feedback loses", "equal uploads"),
+                                  ("top-k without error feedback loses", "equal virtual time"),
+                                  ("AsynFLC-EF(top3) ≈ AsynFL", "equal uploads"),
+                                  ("AsynFLC-EF(top3) ≈ AsynFL", "equal virtual time"),
+                                  ("AsynFLC-EF(top3) above AsynFL at equal bits", "equal bits sent")])
+    ef = got[("error feedback helps top-k", "equal uploads")]
+    assert ef.gap == pytest.approx(0.095) and ef.outcome == "holds" and ef.seeds == 3 and ef.flattened
+    assert ef.paper == ("GB to 75%: 0.02 vs 0.05; uploads vs AsynFL 1.39 vs 3.47 (FMNIST (MLP, 75%))")
+    parity = got[("AsynFLC-EF(top3) ≈ AsynFL", "equal uploads")]
+    assert parity.gap == pytest.approx(-0.005) and parity.outcome == "within noise"
+    assert parity.needs_more_seeds and parity.seeds < SEEDS_WITHIN_NOISE
+    # At equal bits the budget is EF's 1000 uploads x 960 bits: AsynFL has sent that after 30 uploads, where only
+    # its first evaluation (0 uploads, accuracy 0) lies.
+    bits = got[("AsynFLC-EF(top3) above AsynFL at equal bits", "equal bits sent")]
+    assert bits.baseline == 0.0 and bits.method == pytest.approx(0.805) and not bits.flattened
+    table = "\n".join(R.verdict_section(result))
+    assert table.count("| error feedback helps top-k") == 2 and "'reversed' refutes it" in table
+    # Without one of a claim's methods, its rows are left out.
+    del result["curves"]["AsynFLC(top3)"]
+    assert {v.claim for v in R.task_verdicts(result)} == {c[0] for c in R.UPLOAD_CLAIMS[2:3] + R.BITS_CLAIMS[:1]}
+
+
+def test_cpu_mlp_quick_run_writes_the_verdicts_and_the_claims_figure(tmp_path):
+    out = tmp_path / "claims"
+    # Tiny: the cpu_mlp methods on the embedded synthetic data (logistic regression), 8 clients, 6 rounds of one
+    # local step, two seeds (a seed spread), one server lr: five programs of two replicas.
+    proc = subprocess.run([sys.executable, SCRIPT, "--scale", "cpu_mlp", "--quick", "--tasks", "synthetic_logreg",
+                           "--clients", "8", "--rounds", "6", "--local-steps", "1", "--seeds", "0", "1",
+                           "--server-lr", "1", "--evals", "3", "--out", str(out)],
+                          env=_env(XLA_FLAGS=" ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
+                                                                    "--xla_backend_optimization_level=0"]))),
+                          capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(out)) == ["accuracy_vs_bits.png", "accuracy_vs_time.png", "claims_synthetic_logreg.png",
+                                       "results.json", "table.md"]  # no heat map, no Fig. 4 part
+    table = (out / "table.md").read_text()
+    assert "Verdicts on the paper's claims (synthetic_logreg, 2 seeds" in table
+    data = json.loads((out / "results.json").read_text())
+    (task,) = data["tasks"]
+    assert [r["method"] for r in task["rows"]] == list(R.CLAIM_METHODS) and not task["heatmap"]
+    assert "waiting_time" not in task and 0 < task["settings"]["fastest_share"] < 1
+    verdicts = task["verdicts"]
+    assert len(verdicts) == 2 * len(R.UPLOAD_CLAIMS) + len(R.BITS_CLAIMS)
+    for v in verdicts:
+        assert v["seeds"] == 2 and v["outcome"] in ("holds", "reversed", "within noise")
+        assert v["paper"] == "-" and f"| {v['claim']} | {v['budget']} |" in table  # synthetic: no paper row

@@ -40,6 +40,14 @@ Scales:
   T = 60 rounds (about 2,200 uploads), seeds 0 and 1, and a server-learning-rate grid {0.5, 1, 2, 4} per method
   (FedBuff: {0.25, 0.5, 1, 2}; one vmapped program per method; the reported value has the best final accuracy, the
   mean of the last three evaluations). Measured results: ``docs/reproduce_asynflc_ef.md``.
+* ``--scale cpu_mlp``: the paper's claims on a non-convex model: Fashion-MNIST, the MLP 784-64-10 (d = 50,890),
+  n = 50, Dirichlet(0.4), W = 500 s, K = 10, batch 32, local lr 0.2 (the best of a sweep, docs), T = 80 rounds
+  (about 2,990 uploads), seeds 0-4; five methods (:data:`CLAIM_METHODS`: AsynFL, AsynFLC(Q4b), AsynFLC(top3),
+  AsynFLC-EF(top3), AsynFLC-EF(top3+Q2b)), each at its best server lr of {1, 2, 4}; no heat map and no Fig. 4 part.
+  ``table.md`` ends with the verdicts on the claims (:data:`UPLOAD_CLAIMS` at equal uploads and virtual time,
+  :data:`BITS_CLAIMS` at equal bits; :mod:`asyncfl_jax.reproduce.verdicts`) and ``claims_<task>.png`` draws the
+  methods against uploads, virtual time and bits, one line per method with a band over the seeds. Every task's
+  table has these verdicts for the claims whose two methods ran.
 * ``--scale paper``: the paper's four tasks, n = 100, batch 128, W = 500 s, eta_g = 1 (digest A3), seeds 0-2:
   MNIST and Fashion-MNIST with the MLP 784-200-200-10 (lr 0.01, T = 200), CIFAR-10 with the CNN (``cnn``, lr 0.01,
   T = 1000) and AlexNet (``alexnet_cifar``, 23.3M parameters, lr 1e-4, T = 2000, one seed per program for memory).
@@ -62,6 +70,8 @@ The command is ``scripts/reproduce_asynflc_ef.py`` (examples in its docstring, o
 
 ``--scale cpu`` ran in 14 CPU-minutes (38 minutes of wall time on 2 cores shared with other jobs): 16 programs of 8
 replicas and the Fig. 4 program of 10.
+``--scale cpu_mlp`` ran in 13.8 CPU-minutes (29 minutes of wall time on the same shared 2 cores): five programs of
+15 replicas.
 
 It writes ``table.md``, ``results.json`` (settings, per-method rows, heat-map cells, delay statistics and every
 run's evaluations), ``accuracy_vs_bits.png``, ``accuracy_vs_time.png``, ``heatmap.png`` and ``waiting_time.png`` to
@@ -97,6 +107,7 @@ from asyncfl_jax.reproduce.data import DataUnavailable, check_dataset, load_data
 from asyncfl_jax.reproduce.grid import command_main, metric_dtype, replica_arrays, run_grid, setting_seed
 from asyncfl_jax.reproduce.report import (distinct_seeds_problem, fmt_bits, fmt_ratio, parse_checked, pyplot,
                                           round_up, to_json, yes_no)
+from asyncfl_jax.reproduce.verdicts import verdict_json
 from asyncfl_jax.results import save_figure, write_atomic
 from asyncfl_jax.timing import DelayModel, delay_statistics, window_schedule
 from asyncfl_jax.reproduce.settings import ReproductionSettings
@@ -133,6 +144,12 @@ TASKS = {
                       "paper_row": "fmnist_mlp"},
     "synthetic_logreg": {"dataset": "synthetic", "model": "logreg", "client_lr": 0.05, "target": 0.6, "rounds": 60,
                          "paper_row": None},
+    # CPU scale of the claims (--scale cpu_mlp): a non-convex model, the MLP 784-64-10 (d = 50,890; the paper's
+    # 784-200-200-10 costs four times as much per job), compared with the paper's Fashion-MNIST row. Local lr 0.2: the
+    # best of {0.05, 0.1, 0.2, 0.4} for AsynFL, AsynFLC(top3) and AsynFLC-EF(top3) in a sweep on seeds 100 and 101
+    # (docs/reproduce_asynflc_ef.md); the paper's 0.01 is for batch 128 and an unknown K.
+    "fmnist_mlp_cpu": {"dataset": "fashion_mnist", "model": "mlp", "hidden": [64], "client_lr": 0.2,
+                       "target": 0.75, "rounds": 80, "paper_row": "fmnist_mlp"},
 }
 SCALES = {
     "cpu": {"tasks": ["fmnist_logreg"], "clients": 50, "batch_size": 32, "seeds": [0, 1],
@@ -140,6 +157,14 @@ SCALES = {
     "paper": {"tasks": ["mnist_mlp", "fmnist_mlp", "cifar10_cnn", "cifar10_alexnet"], "clients": 100,
               "batch_size": 128, "seeds": [0, 1, 2], "server_lr": [1.0], "fedbuff_server_lr": [1.0], "evals": 100},
 }
+# The claims at CPU scale on a non-convex model (docs/reproduce_asynflc_ef.md): error feedback against compression
+# without it and against full precision, and a heavier bit width, with 5 seeds and each method at its best server lr
+# of the grid; no heat map and no Fig. 4 part (--fractions / --windows add them).
+CLAIM_METHODS = ("AsynFL", "AsynFLC(Q4b)", "AsynFLC(top3)", "AsynFLC-EF(top3)", "AsynFLC-EF(top3+Q2b)")
+SCALES["cpu_mlp"] = {"tasks": ["fmnist_mlp_cpu"], "clients": 50, "batch_size": 32, "seeds": [0, 1, 2, 3, 4],
+                     "server_lr": [1.0, 2.0, 4.0], "fedbuff_server_lr": [0.5, 1.0, 2.0], "evals": 40,
+                     "methods": list(CLAIM_METHODS), "fractions": [], "windows": []}
+FRACTIONS = [0.03, 0.06, 0.1]  # the heat map's k/d (the paper's)
 QUICK = {"seeds": [0], "server_lr": [1.0, 2.0], "fedbuff_server_lr": [0.5, 1.0], "rounds": 30, "evals": 15}
 WINDOWS = [300.0, 500.0, 700.0, 900.0, 1000.0]  # Fig. 4's waiting times, and 1000 s = synchronous
 MEAN_DURATION, DURATION_STD, MIN_MEAN, MAX_DURATION = 500.0, 150.0, 50.0, 1000.0  # digest A2 (seconds)
@@ -235,21 +260,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", choices=list(SCALES), default="cpu",
-                   help="cpu: Fashion-MNIST logreg, n = 50, 2 seeds, a server-lr grid (default); paper: the paper's "
-                        "tasks, n = 100, batch 128, eta_g = 1, 3 seeds (needs an accelerator and the data)")
+                   help="cpu: Fashion-MNIST logreg, n = 50, 2 seeds, a server-lr grid (default); cpu_mlp: the claims "
+                        "on the Fashion-MNIST MLP 784-64-10, 5 methods, 5 seeds, with verdict tables; paper: the "
+                        "paper's tasks, n = 100, batch 128, eta_g = 1, 3 seeds (needs an accelerator and the data)")
     p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=None, help="default: from --scale")
     p.add_argument("--quick", action="store_true", help="one seed, 30 rounds, server lr grid {1, 2}")
     p.add_argument("--dry-run", action="store_true", help="print the plan (settings, programs, memory) and stop")
     p.add_argument("--from-results", default=None, metavar="RESULTS_JSON",
                    help="no runs: remake table.md and the figures in --out from a results.json of this script")
     p.add_argument("--methods", nargs="+", default=None,
-                   help="methods of the main comparison (default: Table III's twelve columns)")
-    p.add_argument("--fractions", type=float, nargs="*", default=[0.03, 0.06, 0.1],
-                   help="k/d of the heat map (paper: 0.03, 0.06, 0.1); none: no heat map")
+                   help="methods of the main comparison (default: Table III's twelve columns; cpu_mlp: AsynFL, "
+                        "AsynFLC(Q4b), AsynFLC(top3), AsynFLC-EF(top3), AsynFLC-EF(top3+Q2b))")
+    p.add_argument("--fractions", type=float, nargs="*", default=None,
+                   help="k/d of the heat map (paper and default: 0.03, 0.06, 0.1; cpu_mlp: none); none: no heat map")
     p.add_argument("--quant-bits", type=int, nargs="*", default=[2, 4, 8],
                    help="quantization bits of the heat map (paper: 2, 4, 8; top-k alone is added as 32)")
     p.add_argument("--windows", type=float, nargs="*", default=None,
-                   help="waiting times W (s) of the Fig. 4 part (default 300 500 700 900 1000; none: skip it)")
+                   help="waiting times W (s) of the Fig. 4 part (default 300 500 700 900 1000; cpu_mlp: none; none: "
+                        "skip it)")
     p.add_argument("--window-method", default="AsynFLC-EF(top3)", help="the method of the Fig. 4 part")
     p.add_argument("--clients", type=int, default=None, help="n (cpu: 50, paper: 100)")
     p.add_argument("--rounds", type=int, default=None, help="T, AsynFL rounds per run (default: per task)")
@@ -309,9 +337,11 @@ def apply_scale_defaults(args: argparse.Namespace) -> None:
     if args.quick and args.rounds is None:
         args.rounds = QUICK["rounds"]
     if args.windows is None:
-        args.windows = list(WINDOWS)
+        args.windows = list(scale.get("windows", WINDOWS))
     if args.methods is None:
-        args.methods = list(TABLE3_METHODS)
+        args.methods = list(scale.get("methods", TABLE3_METHODS))
+    if args.fractions is None:
+        args.fractions = list(scale.get("fractions", FRACTIONS))
 
 
 def argument_problem(args: argparse.Namespace) -> str | None:
@@ -365,6 +395,13 @@ def seeds_per_program(task_name: str, args: AsynflcEfSettings) -> int:
     if args.seeds_per_program:
         return int(args.seeds_per_program)
     return int(TASKS[task_name].get("seeds_per_program", len(args.seeds)))
+
+
+def model_options(task_name: str, model: str) -> dict[str, Any]:
+    """``make_model``'s options of a task's model: the hidden widths of a task that fixes them (``fmnist_mlp_cpu``:
+    784-64-10) when its model is the MLP; none otherwise (the MLP's default is the paper's 784-200-200-10)."""
+    hidden = TASKS[task_name].get("hidden")
+    return {"hidden": tuple(hidden)} if hidden and model == "mlp" else {}
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -504,7 +541,8 @@ def run_task(task_name: str, args: AsynflcEfSettings) -> dict[str, Any]:
     """Every method of the main comparison and the heat map, and the waiting-time part, on one task."""
     cfg = settings_of(task_name, args)
     dataset = load_task_dataset(task_name, cfg["clients"], args)
-    model = make_model(cfg["model"], dataset.input_shape, dataset.num_classes, seed=0)
+    model = make_model(cfg["model"], dataset.input_shape, dataset.num_classes, seed=0,
+                       **model_options(task_name, cfg["model"]))
     parts = (partition("iid", dataset.train_y, cfg["clients"], seed=0) if args.iid else
              partition("dirichlet", dataset.train_y, cfg["clients"], seed=0, alpha=args.dirichlet_alpha))
     task = make_task(dataset, parts, model)
@@ -514,6 +552,7 @@ def run_task(task_name: str, args: AsynflcEfSettings) -> dict[str, Any]:
     cfg["rounds"] = round_up(cfg["rounds"], every)
     windows = window_schedules(cfg["clients"], cfg["rounds"], cfg["window"], cfg["seeds"], cfg["window_semantics"])
     cfg["delay_statistics"] = [delay_statistics(s) for s in windows]
+    cfg["fastest_share"] = task_fastest_share(windows, cfg["seeds"]) if args.window_semantics == "wait" else None
     rows, runs = run_methods(task, dataset.name, windows, every, args, cfg)
     reference = next((r for r in rows if r["method"] == "AsynFL"), None)
     for r in rows:
@@ -523,6 +562,7 @@ def run_task(task_name: str, args: AsynflcEfSettings) -> dict[str, Any]:
     if args.windows:
         result["waiting_time"] = run_windows(task, args, cfg, rows)
     result["checks"] = direction_checks(result, cfg)
+    result["verdicts"] = [verdict_json(v) for v in task_verdicts(result)]
     return result
 
 
@@ -679,6 +719,141 @@ def direction_checks(result: dict, cfg: dict) -> list[str]:
     return out
 
 
+# ------------------------------------------------------------------------------------------------ verdicts
+# The paper's claims with a direction (digest section 4.3, observations 2-6, and Table III), as (claim, method,
+# baseline). "≈" marks a parity claim ("not below"): a gap within the noise, or in the method's favour, supports it;
+# only "reversed" refutes it. The per-upload claims are read at equal uploads and equal virtual time (every method of
+# the AsynFL family runs on the same window schedules, and every upload is K local steps, so equal uploads is also
+# equal local computation); the communication claims at equal uploaded bits (the paper's cost model).
+UPLOAD_CLAIMS = (
+    ("error feedback helps top-k: AsynFLC-EF(top3) above AsynFLC(top3)", "AsynFLC-EF(top3)", "AsynFLC(top3)"),
+    ("top-k without error feedback loses: AsynFL above AsynFLC(top3)", "AsynFL", "AsynFLC(top3)"),
+    ("AsynFLC-EF(top3) ≈ AsynFL (EF restores full precision)", "AsynFLC-EF(top3)", "AsynFL"),
+    ("AsynFLC-EF(top3+Q2b) ≈ AsynFLC-EF(top3) (heavier compression does not slow EF)", "AsynFLC-EF(top3+Q2b)",
+     "AsynFLC-EF(top3)"),
+    ("AsynFLC-EF(top3) above AsynFLC(Q4b) (EF beats unbiased quantization)", "AsynFLC-EF(top3)", "AsynFLC(Q4b)"),
+    ("AsynFLC(Q4b) ≈ AsynFL (unbiased 4 bits cost nothing per upload)", "AsynFLC(Q4b)", "AsynFL"),
+)
+BITS_CLAIMS = (
+    ("AsynFLC-EF(top3) above AsynFL at equal bits (24x fewer bits)", "AsynFLC-EF(top3)", "AsynFL"),
+    ("AsynFLC-EF(top3+Q2b) above AsynFLC(Q4b) at equal bits", "AsynFLC-EF(top3+Q2b)", "AsynFLC(Q4b)"),
+)
+CLAIM_AXES = ("uploads", "times")
+"""The budgets of :data:`UPLOAD_CLAIMS` (keys of :data:`asyncfl_jax.reproduce.verdicts.BUDGET_AXES`)."""
+
+
+def paper_claim_text(row_name: str | None, method: str, baseline: str) -> str:
+    """The paper's numbers of a claim: Table III's GB to the target and the uploads relative to AsynFL's, of the
+    method and the baseline, on the paper's row of the task; "-" without that row."""
+    a, b = paper_reference(row_name, method), paper_reference(row_name, baseline)
+    if a is None or b is None:
+        return "-"
+    target = PAPER_TABLE3[row_name]["target"]
+    return (f"GB to {target:.0%}: {a['gb']:g} vs {b['gb']:g}; uploads vs AsynFL {a['uploads_ratio']:.2f} vs "
+            f"{b['uploads_ratio']:.2f} ({PAPER_ROW_NAMES[row_name]})")
+
+
+def claim_runs(result: dict) -> dict[str, list[dict]]:
+    """Per method, one record per seed at its chosen server lr (the task's ``curves``): ``uploads``, ``times``,
+    ``bits`` (the paper's cost model), ``local_steps`` (K per upload) and ``accuracy``, for
+    :func:`asyncfl_jax.reproduce.verdicts.claim_verdicts`."""
+    K = result["settings"]["local_steps"]
+    out = {}
+    for method, c in result["curves"].items():
+        out[method] = [{"uploads": c["uploads"][s], "times": c["times"][s], "bits": c["paper_bits"][s],
+                        "local_steps": [K * u for u in c["uploads"][s]], "accuracy": c["accuracy"][s]}
+                       for s in range(len(c["accuracy"]))]
+    return out
+
+
+def task_verdicts(result: dict) -> list:
+    """The verdicts of the claims whose two methods ran on the task (:data:`UPLOAD_CLAIMS` at equal uploads and
+    virtual time, :data:`BITS_CLAIMS` at equal bits), beside the paper's numbers of its row."""
+    from asyncfl_jax.reproduce.verdicts import claim_verdicts
+
+    runs, row = claim_runs(result), result["settings"]["paper_row"]
+
+    def with_paper(claims):
+        return [(text, m, b, paper_claim_text(row, m, b)) for text, m, b in claims]
+
+    return (claim_verdicts(runs, with_paper(UPLOAD_CLAIMS), axes=CLAIM_AXES)
+            + claim_verdicts(runs, with_paper(BITS_CLAIMS), axes=("bits",)))
+
+
+def verdict_section(result: dict) -> list[str]:
+    """The task's verdict table with how to read its parity claims; empty when no claim's two methods ran."""
+    from asyncfl_jax.reproduce.verdicts import verdict_lines
+
+    verdicts = task_verdicts(result)
+    if not verdicts:
+        return []
+    cfg = result["settings"]
+    lines = ["", *verdict_lines(verdicts, f"Verdicts on the paper's claims ({cfg['task']}, {len(cfg['seeds'])} seeds, "
+                                         "each method at its chosen server lr)"),
+            "A claim marked ≈ is one of parity (the method not below the baseline): 'holds' or 'within noise' "
+            "supports it, 'reversed' refutes it."]
+    if cfg.get("fastest_share") is not None:
+        lines.append(f"Share of uploads made by the fastest 20% of the clients in the window schedules (uniform "
+                     f"participation: 20%): {cfg['fastest_share']:.1%}.")
+    return lines
+
+
+def claims_figure(result: dict, path: str) -> str | None:
+    """The paper-style figure of a task's claim methods (:data:`CLAIM_METHODS` and FedBuff that ran): one line per
+    method with a min-max band over the seeds, against uploads, virtual time and uploaded bits (log scale), the
+    y-axis fitted to the data (:func:`asyncfl_jax.figures.fitted_ylim`), the setting in the title; written as a PNG
+    at ``path``, which is returned (None when fewer than two of them ran)."""
+    from asyncfl_jax.figures import fitted_ylim, save_figure_files, seed_curve
+
+    cfg = result["settings"]
+    names = [m for m in ("FedBuff", *CLAIM_METHODS) if m in result["curves"]]
+    if len(names) < 2:
+        return None
+    lr = {r["method"]: r["server_lr"] for r in result["rows"]}
+    runs = claim_runs(result)
+    curves = [seed_curve(f"{m} (eta_g {lr[m]:g})", runs[m], axes={"uploads": "uploads", "time": "times",
+                                                                   "bits": "bits"}) for m in names]
+    plt = pyplot()
+    fig, panels = plt.subplots(1, 3, figsize=(13.8, 4.1), layout="constrained")
+    limits = fitted_ylim(curves, key="uploads")
+    handles = []
+    for k, c in enumerate(curves):
+        colour = f"C{k % 10}"
+        for ax, key in zip(panels, ("uploads", "time", "bits")):
+            x = np.asarray(c[key])
+            keep = x > 0 if key == "bits" else np.ones(x.size, bool)
+            (line,) = ax.plot(x[keep], c["mean"][keep], color=colour, lw=1.6, label=f"{c['label']} ({c['n']} seeds)")
+            if c["n"] > 1:
+                ax.fill_between(x[keep], c["lo"][keep], c["hi"][keep], color=colour, alpha=0.2, lw=0)
+        handles.append(line)
+    for ax, label in zip(panels, ("client uploads", "virtual time (s)", "uploaded bits (paper's cost model)")):
+        ax.set_xlabel(label)
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+        if limits is not None:
+            ax.set_ylim(*limits)
+    panels[1].xaxis.set_major_locator(plt.MaxNLocator(5))  # virtual times of five digits do not overlap
+    panels[2].set_xscale("log")
+    hidden = TASKS[cfg["task"]].get("hidden")
+    model = f"MLP 784-{'-'.join(str(h) for h in hidden)}-10" if hidden and cfg["model"] == "mlp" else cfg["model"]
+    fig.suptitle(f"AsynFLC-EF claims: {cfg['dataset']}, {model} (d = {cfg['d']:,}), n = {cfg['clients']}, "
+                 f"{cfg['partition']}, W = {cfg['window']:g} s, K = {cfg['local_steps']}, B = {cfg['batch_size']}, "
+                 f"eta_l = {cfg['client_lr']:g}, {cfg['rounds']} rounds\ntest accuracy (mean, min-max over seeds; "
+                 f"each method at its best eta_g of {cfg['server_lr']})", fontsize="medium")
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 3), fontsize="small",
+               frameon=False)
+    save_figure_files(fig, path, dpi=90)
+    return path
+
+
+def task_fastest_share(windows: list[Schedule], seeds: list[int]) -> float:
+    """The share of uploads made by the fastest 20% of the clients in the window schedules (mean over the seeds;
+    :func:`asyncfl_jax.reproduce.verdicts.schedule_fastest_share`)."""
+    from asyncfl_jax.reproduce.verdicts import schedule_fastest_share
+
+    return float(np.mean([schedule_fastest_share(s, delay_model(), seed) for s, seed in zip(windows, seeds)]))
+
+
 def format_task(result: dict) -> str:
     """The section of ``table.md`` of one task: its setup, every method beside Table III, the grids, the heat map and
     the waiting times, and the claims."""
@@ -686,6 +861,7 @@ def format_task(result: dict) -> str:
     lines += waiting_time_lines(result)
     if result["checks"]:
         lines += ["", "The paper's claims on these means:", ""] + [f"- {c}" for c in result["checks"]]
+    lines += verdict_section(result)
     return "\n".join(lines) + "\n"
 
 
@@ -975,7 +1151,7 @@ def plan(args: AsynflcEfSettings) -> str:
         cfg = settings_of(name, args)
         shape = (32, 32, 3) if TASKS[name]["dataset"] == "cifar10" else (60,) if TASKS[name]["dataset"] == \
             "synthetic" else (28, 28, 1)
-        d = make_model(cfg["model"], shape, 10).num_params
+        d = make_model(cfg["model"], shape, 10, **model_options(name, cfg["model"])).num_params
         methods = all_methods(args)
         replicas = cfg["seeds_per_program"] * max(len(cfg["server_lr"]), len(cfg["fedbuff_server_lr"]))
         # EF residuals and pending messages (n x d each) and the jobs of a step (up to n models and their gradients
@@ -1136,6 +1312,8 @@ def write_report(data: dict, out: str, write_json: bool) -> str:
     plot_curves(results, os.path.join(out, "accuracy_vs_time.png"), "time")
     plot_heatmap(results, os.path.join(out, "heatmap.png"))
     plot_windows(results, os.path.join(out, "waiting_time.png"))
+    for r in results:
+        claims_figure(r, os.path.join(out, f"claims_{r['settings']['task']}.png"))
     if write_json:
         write_atomic(os.path.join(out, "results.json"), json.dumps(data, indent=1))
     return table

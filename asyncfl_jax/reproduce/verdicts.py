@@ -7,7 +7,8 @@ arrival schedules and initial model, for both). One claim is read as follows.
 * **Values.** Each seed gives one number per method: the mean test accuracy over the evaluations in the last
   ``window`` (10%) of a common budget (:func:`value_at_budget`). The budget is the largest position every run of
   both methods reached on the axis of the comparison: client uploads, virtual time, or local computation (local
-  steps trained; a gradient-uploading method does one per upload, a method with ``K`` local steps ``K``).
+  steps trained; a gradient-uploading method does one per upload, a method with ``K`` local steps ``K``), or, for a
+  claim about communication, the cumulative uploaded bits.
 * **Gap and noise.** ``gap = mean(method) - mean(baseline)`` (the sign flipped for a lower-is-better metric), and the
   seed spread ``s = sqrt((s_m^2 + s_b^2) / 2)``, the pooled sample standard deviation (``ddof = 1``) of one run's value
   over seeds (:func:`seed_spread`); the table shows ``gap / s``.
@@ -46,8 +47,10 @@ FASTEST_FRACTION = 0.2
 """The participation skew is the share of uploads made by this fraction of the fastest clients."""
 FIGURE_DPI = 90
 """Resolution of the verdict figures (a three-panel PNG of about 100 KB, small enough for the docs)."""
-BUDGET_AXES = {"uploads": "equal uploads", "times": "equal virtual time", "local_steps": "equal local computation"}
-"""Record keys of the axes a comparison can be made at, with their names in the tables."""
+BUDGET_AXES = {"uploads": "equal uploads", "times": "equal virtual time", "local_steps": "equal local computation",
+               "bits": "equal bits sent"}
+"""Record keys of the axes a comparison can be made at, with their names in the tables (``bits``: cumulative
+uploaded bits, for a paper's communication claim)."""
 
 
 # ------------------------------------------------------------------------------------------------ numbers
