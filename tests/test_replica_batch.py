@@ -194,3 +194,15 @@ def test_a_grouped_run_resumes_bit_for_bit(tmp_path):
     assert resumed.final_params.tobytes() == reference.final_params.tobytes()
     for m in reference.metrics:
         assert resumed.metrics[m].tobytes() == reference.metrics[m].tobytes(), m
+
+
+def test_an_event_clock_run_in_groups_equals_the_vmap():
+    """The in-scan clock reads every replica's counters between chunks (a field of the groups' carries, joined)."""
+    from asyncfl_jax.timing.clock import EventClock
+
+    clock = EventClock(N, T, TOY_DELAYS, seed=2)
+    runs = {g: simulate(TASK, fedbuff(), clock, LOCAL, seeds=SEEDS, hparams=HP, eval_every=4, progress=False,
+                        replica_batch=g) for g in (None, 1)}
+    np.testing.assert_allclose(runs[1].final_params, runs[None].final_params, rtol=1e-5, atol=1e-6)
+    for m in runs[None].metrics:
+        np.testing.assert_allclose(runs[1].metrics[m], runs[None].metrics[m], rtol=1e-5, atol=1e-6)
