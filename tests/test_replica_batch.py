@@ -102,7 +102,9 @@ def test_a_grouped_carry_stays_in_its_groups_from_chunk_to_chunk():
     vmapped = jax.vmap(fn, in_axes=axes)
     expected = vmapped(vmapped(start, x)[0], x)
     compiled = GroupedChunk(fn, axes, 2, 5).lower(start, x).compile()
-    first, _ = compiled(Carry(*(a + 0 for a in start)), x)
+    whole = Carry(*(a + 0 for a in start))
+    first, _ = compiled(whole, x)
+    assert all(leaf.is_deleted() for leaf in whole)  # a whole carry is consumed when split (no second copy kept)
     assert isinstance(first, GroupedCarry) and first.sizes == (2, 2, 1)
     donated = jax.tree_util.tree_leaves(first)
     second, records = compiled(first, x)  # each group's own buffers, donated: no whole carry in between

@@ -135,13 +135,25 @@ _join_jit = jax.jit(join_replicas)
 
 def split_replicas(carry: Any, bounds: Sequence[tuple[int, int]]) -> GroupedCarry:
     """``carry`` (every replica in one set of arrays, replica axis first) as the :class:`GroupedCarry` of the groups
-    ``bounds`` (fresh copies: done once, at the start of a run or after a restore)."""
-    return GroupedCarry(_split_jit(carry, tuple(bounds)))
+    ``bounds``: done once, at the start of a run or after a restore. ``carry`` is consumed, as a chunk's donated carry
+    is: each leaf's buffer is freed as soon as its groups' copies exist, so the split holds the carry and one leaf's
+    copies at most (not two carries)."""
+    leaves, treedef = jax.tree_util.tree_flatten(carry)
+    bounds = tuple(bounds)
+    done: dict[int, tuple[Any, ...]] = {}  # a buffer shared by several leaves is split once
+    parts = []
+    for leaf in leaves:
+        if id(leaf) not in done:
+            done[id(leaf)] = jax.block_until_ready(_split_leaf(leaf, bounds))
+            if isinstance(leaf, jax.Array):
+                leaf.delete()
+        parts.append(done[id(leaf)])
+    return GroupedCarry([jax.tree_util.tree_unflatten(treedef, [p[i] for p in parts]) for i in range(len(bounds))])
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
-def _split_jit(carry: Any, bounds: tuple[tuple[int, int], ...]) -> tuple[Any, ...]:
-    return tuple(jax.tree_util.tree_map(lambda x: x[lo:hi], carry) for lo, hi in bounds)
+def _split_leaf(x: jax.Array, bounds: tuple[tuple[int, int], ...]) -> tuple[jax.Array, ...]:
+    return tuple(x[lo:hi] for lo, hi in bounds)
 
 
 def _group_shapes(carry: Any, size: int) -> Any:
