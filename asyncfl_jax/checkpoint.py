@@ -56,6 +56,7 @@ import jax
 import numpy as np
 
 from asyncfl_jax.engine.state import LoopState  # (defined here before; the name stays importable here)
+from asyncfl_jax.engine.replica_groups import whole_carry
 
 FORMAT = 2  # 1: the carry as raw bytes in state-<chunk>.npz; 2: an orbax folder state-<chunk>/
 RECORD = "checkpoint.json"
@@ -273,7 +274,7 @@ def _state_arrays(state: LoopState) -> tuple[dict[str, Any], dict[str, list[Any]
     leaves. Zero-size arrays (which orbax refuses) are left out of the arrays: their layout is enough to rebuild them.
     """
     arrays: dict[str, Any] = {}
-    leaves = jax.tree_util.tree_leaves(state.carry)
+    leaves = jax.tree_util.tree_leaves(whole_carry(state.carry))  # replicas computed in groups: joined
     for i, leaf in enumerate(leaves):
         arrays[f"c{i:04d}"] = _storable(leaf)
     arrays["eval_steps"] = np.asarray(state.eval_steps, np.int64)

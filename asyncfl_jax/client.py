@@ -202,6 +202,43 @@ def _batch_loss(model: Model, loss: Loss, flat: jax.Array, x: jax.Array, y: jax.
     return loss.value(model, model.unravel(flat), Batch(x, y, w, key))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layers:
+    """The form of a job's iterate ``y`` inside its local loop: the model's parameters as a list of arrays, one per
+    leaf of the model's pytree, in the flat vector's dtype (``to_layers`` splits and reshapes the flat vector,
+    ``to_flat`` concatenates the leaves back: the layout of ``ravel_pytree``, so ``to_flat(to_layers(v)) == v``).
+
+    Carried this way, a local step reads and writes each layer's array in place; carried as one flat vector (the
+    form of the engine's messages), every step cut the weight matrices out of the vector (a copy of each) and
+    concatenated the gradient back into one (another), about 2.4 MB of extra memory traffic per job-step of the
+    784-200-200-10 MLP (docs/benchmarks.md, "Issue 24 leftovers"). The arithmetic is the same element by element.
+    """
+
+    treedef: Any
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[Any, ...]
+
+    @classmethod
+    def of(cls, model: Model) -> "_Layers":
+        leaves, treedef = jax.tree_util.tree_flatten(model.init_params)
+        return cls(treedef, tuple(tuple(jnp.shape(a)) for a in leaves), tuple(jnp.result_type(a) for a in leaves))
+
+    def to_layers(self, flat: jax.Array) -> list[jax.Array]:
+        out, at = [], 0
+        for shape in self.shapes:
+            size = math.prod(shape)
+            out.append(flat[at:at + size].reshape(shape))
+            at += size
+        return out
+
+    def to_flat(self, layers: Sequence[jax.Array]) -> jax.Array:
+        return jnp.concatenate([a.reshape(-1) for a in layers])
+
+    def params(self, layers: Sequence[jax.Array]) -> Any:
+        """The model's parameter pytree (each leaf in the model's dtype, as ``Model.unravel`` gives it)."""
+        return jax.tree_util.tree_unflatten(self.treedef, [a.astype(d) for a, d in zip(layers, self.dtypes)])
+
+
 def dropout_key(key: jax.Array, step: jax.Array) -> jax.Array:
     """The dropout key of local step ``step`` of the job with key ``key``."""
     return jax.random.fold_in(jax.random.fold_in(key, DROPOUT_STREAM), step)
@@ -270,11 +307,24 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
         weights = (jnp.arange(batch) < count).astype(jnp.float32)
         return data.features[rows], data.labels[rows], weights
 
+    # The iterate's form inside the loop: per layer with the built-in SGD chain (elementwise, so the same arithmetic);
+    # a custom optimizer sees the flat vector, as it always has (a layer-wise one, e.g. LARS, would otherwise change).
+    layers = _Layers.of(model) if config.optimizer is None and output == "delta" else None
+    to_form = (lambda v: v) if layers is None else layers.to_layers
+    from_form = (lambda v: v) if layers is None else layers.to_flat
+
+    def form_loss(y, xb, yb, wb, kb):
+        if layers is None:
+            return _batch_loss(model, loss, y, xb, yb, wb, kb)
+        if wb is None:
+            wb = jnp.ones(xb.shape[:1], jnp.float32)
+        return loss.value(model, layers.params(y), Batch(xb, yb, wb, kb))
+
     def local(x: jax.Array, client: jax.Array, key: jax.Array, hp: HParams, data: ClientData,
               steps: jax.Array | None = None) -> jax.Array:
         count = data.counts[client]
         order = _shuffled_order(key, count, data.max_size, examples_needed) if batch is not None else None
-        grad_fn = jax.grad(lambda flat, xb, yb, wb, kb: _batch_loss(model, loss, flat, xb, yb, wb, kb))
+        grad_fn = jax.grad(form_loss)
 
         def step_key(k):
             return dropout_key(key, k) if uses_dropout else None
@@ -284,13 +334,14 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
             return g + hp["weight_decay"] * x
 
         opt = config.make_optimizer(hp)
+        x_form = to_form(x)
 
         def one_step(k, carry):
             y, opt_state = carry
             g = grad_fn(y, *minibatch(data, client, order, count, k), step_key(k))
-            g = g + hp["prox_mu"] * (y - x)  # FedProx: grad of (mu/2)||y - x||^2
+            g = jax.tree_util.tree_map(lambda gi, yi, xi: gi + hp["prox_mu"] * (yi - xi), g, y, x_form)  # FedProx
             updates, opt_state = opt.update(g, opt_state, y)
-            return y + updates, opt_state
+            return jax.tree_util.tree_map(jnp.add, y, updates), opt_state
 
         def masked_step(k, carry):  # per-client step count: the static maximum runs, surplus steps are masked
             steps_per_epoch = -(-count // batch)  # ceil(n_i / B): the last partial batch counts as a step
@@ -307,12 +358,12 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
                 def counted_step(k, carry):
                     return jax.tree_util.tree_map(lambda n, o: jnp.where(k < count_i, n, o), one_step(k, carry), carry)
 
-                y, _ = jax.lax.fori_loop(0, max_steps, counted_step, (x, opt.init(x)))
+                y, _ = jax.lax.fori_loop(0, max_steps, counted_step, (x_form, opt.init(x_form)))
             else:
-                y, _ = jax.lax.fori_loop(0, count_i, one_step, (x, opt.init(x)))
-            return y - x
-        y, _ = jax.lax.fori_loop(0, config.steps, body, (x, opt.init(x)))
-        return y - x
+                y, _ = jax.lax.fori_loop(0, count_i, one_step, (x_form, opt.init(x_form)))
+            return from_form(y) - x
+        y, _ = jax.lax.fori_loop(0, config.steps, body, (x_form, opt.init(x_form)))
+        return from_form(y) - x
 
     return local
 

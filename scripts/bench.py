@@ -473,7 +473,9 @@ def print_replicas(rp: dict[str, Any]) -> None:
                                 else "") + f" ({'sharded' if k else 'one device'})"
                              for k in ("", "sharded_") if f"{k}local_gflops" in r)
             print(f"    R={r['replicas']:>2}: one device {r['seconds_per_step'] * 1e3:8.2f} ms/step "
-                  f"{r['throughput_vs_one']:5.2f}x{sharded}{gflops}")
+                  f"{r['throughput_vs_one']:5.2f}x"
+                  + (f" (CPU time {r['cpu_throughput_vs_one']:5.2f}x)" if "cpu_throughput_vs_one" in r else "")
+                  + f"{sharded}{gflops}")
     print(RULE)
 
 

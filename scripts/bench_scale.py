@@ -810,6 +810,7 @@ def run_replicas(ds: Dataset, plan: dict[str, Any], probe=None) -> dict[str, Any
                             f"{key}mean_seconds_per_step": eng["seconds_per_step"],
                             f"{key}updates_per_second": eng["updates_per_second"],
                             f"{key}compile_seconds": eng["compile_seconds"],
+                            f"{key}cpu_seconds_per_upload": eng["cpu_seconds_per_upload"],
                             f"{key}peak_rss_bytes": peak_rss_bytes()})
                 if name == "fedbuff_mlp":
                     jobs_per_chunk = count * eng["timed_computed_jobs"] / max(len(eng["chunk_seconds"]), 1)
@@ -827,6 +828,8 @@ def run_replicas(ds: Dataset, plan: dict[str, Any], probe=None) -> dict[str, Any
             one = rows[0]["seconds_per_step"]
             row["relative_to_one"] = row["seconds_per_step"] / one
             row["throughput_vs_one"] = count * one / row["seconds_per_step"]
+            # the same ratio in process CPU time per upload (all threads): steadier than wall time on a shared machine
+            row["cpu_throughput_vs_one"] = rows[0]["cpu_seconds_per_upload"] / row["cpu_seconds_per_upload"]
             if "sharded_seconds_per_step" in row:
                 row["sharded_throughput_vs_one"] = count * one / row["sharded_seconds_per_step"]
             if "vmap_seconds_per_step" in row:
@@ -839,7 +842,8 @@ def run_replicas(ds: Dataset, plan: dict[str, Any], probe=None) -> dict[str, Any
             sharded = (f"; over {ndev} devices {row['sharded_seconds_per_step'] * 1e3:8.2f} ms/step = "
                        f"{row['sharded_throughput_vs_one']:5.2f}x" if "sharded_throughput_vs_one" in row else "")
             log(f"  [{name} R={count:>2}] one device {row['seconds_per_step'] * 1e3:8.2f} ms/step: total arrivals/s "
-                f"= {row['throughput_vs_one']:5.2f}x one replica{vmap}{sharded}")
+                f"= {row['throughput_vs_one']:5.2f}x one replica (per CPU-second {row['cpu_throughput_vs_one']:5.2f}x)"
+                f"{vmap}{sharded}")
         out[name] = {"num_clients": n, "rows": rows, "steps": {"chunk": chunk_len, "chunks": chunks},
                      "devices": ndev, "local_flops_per_job": flops_job}
     return out

@@ -19,7 +19,7 @@ from asyncfl_jax.client import LocalConfig
 from asyncfl_jax.engine import simulate
 from asyncfl_jax.engine.callbacks import Checkpoints
 from asyncfl_jax.engine.loop import prepare_run
-from asyncfl_jax.engine.replica_groups import GroupedChunk
+from asyncfl_jax.engine.replica_groups import GroupedChunk, whole_carry
 from asyncfl_jax.engine.placement import make_placement
 from asyncfl_jax.timing import make_schedule
 
@@ -76,8 +76,50 @@ def test_grouped_chunks_with_shared_and_nested_arguments():
     axes = (0, {"x": 0, "y": (0, None)}, None)
     expected = jax.vmap(fn, in_axes=axes)(*args())
     for g in (1, 2, 4, 5):
-        got = GroupedChunk(fn, axes, g, 5).lower(*args()).compile()(*args())
+        carry, records = GroupedChunk(fn, axes, g, 5).lower(*args()).compile()(*args())
+        got = (whole_carry(carry), records)
         jax.tree_util.tree_map(np.testing.assert_array_equal, got, expected)
+
+
+def test_a_grouped_carry_stays_in_its_groups_from_chunk_to_chunk():
+    import jax
+    import jax.numpy as jnp
+
+    from typing import NamedTuple
+
+    from asyncfl_jax.engine.replica_groups import GroupedCarry
+
+    class Carry(NamedTuple):
+        a: jax.Array
+        b: jax.Array
+
+    def fn(carry, x):
+        return Carry(carry.a * 2 + x, carry.b - x[:, None]), {"y": x}
+
+    axes = (0, 0)
+    x = jnp.arange(5.0)[:, None] * jnp.ones((5, 2))
+    start = Carry(jnp.arange(10.0).reshape(5, 2), jnp.ones((5, 2, 3)))
+    vmapped = jax.vmap(fn, in_axes=axes)
+    expected = vmapped(vmapped(start, x)[0], x)
+    compiled = GroupedChunk(fn, axes, 2, 5).lower(start, x).compile()
+    whole = Carry(*(a + 0 for a in start))
+    first, _ = compiled(whole, x)
+    assert all(leaf.is_deleted() for leaf in whole)  # a whole carry is consumed when split (no second copy kept)
+    assert isinstance(first, GroupedCarry) and first.sizes == (2, 2, 1)
+    donated = jax.tree_util.tree_leaves(first)
+    second, records = compiled(first, x)  # each group's own buffers, donated: no whole carry in between
+    assert all(leaf.is_deleted() for leaf in donated)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, (whole_carry(second), records), expected)
+    np.testing.assert_array_equal(second.a, expected[0].a)  # a field of every replica, joined
+    other = GroupedChunk(fn, axes, 3, 5).lower(start, x).compile()
+    with pytest.raises(ValueError, match="groups"):
+        other(second, x)
+    # the memory check counts the carries of the groups that wait beside the one that runs
+    one_replica = 2 * 4 + 2 * 3 * 4
+    alone = GroupedChunk(fn, axes, 2, 2).lower(start, x).compile().memory_analysis()
+    analysis = compiled.memory_analysis()
+    if alone is not None:
+        assert analysis.argument_size_in_bytes == alone.argument_size_in_bytes + 3 * one_replica
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])
@@ -154,3 +196,15 @@ def test_a_grouped_run_resumes_bit_for_bit(tmp_path):
     assert resumed.final_params.tobytes() == reference.final_params.tobytes()
     for m in reference.metrics:
         assert resumed.metrics[m].tobytes() == reference.metrics[m].tobytes(), m
+
+
+def test_an_event_clock_run_in_groups_equals_the_vmap():
+    """The in-scan clock reads every replica's counters between chunks (a field of the groups' carries, joined)."""
+    from asyncfl_jax.timing.clock import EventClock
+
+    clock = EventClock(N, T, TOY_DELAYS, seed=2)
+    runs = {g: simulate(TASK, fedbuff(), clock, LOCAL, seeds=SEEDS, hparams=HP, eval_every=4, progress=False,
+                        replica_batch=g) for g in (None, 1)}
+    np.testing.assert_allclose(runs[1].final_params, runs[None].final_params, rtol=1e-5, atol=1e-6)
+    for m in runs[None].metrics:
+        np.testing.assert_allclose(runs[1].metrics[m], runs[None].metrics[m], rtol=1e-5, atol=1e-6)

@@ -2,8 +2,10 @@
 
 With ``replica_batch = g`` (``simulate``, config ``replica_batch``, CLI ``--replica-batch``) a chunk computes the
 replicas ``g`` at a time: the host calls one compiled program, the vmapped chunk of ``g`` replicas, once per group of
-``g`` replicas (the last one shorter when ``g`` does not divide ``R``); each call reads its group's slice of the whole
-carry and of the per-replica inputs and writes the group's new carry back into the whole carry's buffers in place.
+``g`` replicas (the last one shorter when ``g`` does not divide ``R``). The carry is kept as one carry per group
+(:class:`GroupedCarry`, separate buffers from chunk to chunk: each group's program updates its own in place); each
+call reads its group's slice of the per-replica inputs. The whole carry is joined only where every replica is read at
+once (a checkpoint, the History; the evaluation joins the server states alone).
 Each replica's arithmetic is that of the vmapped program of ``g`` replicas, so the results equal the plain vmap up to
 float rounding (a batched matmul may sum in another order). The initialization (the first jobs, an initialization round) stays one vmapped program over
 every replica: it runs once.
@@ -23,7 +25,8 @@ On an accelerator the default stays the plain vmap (its width is what the replic
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+import functools
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -78,18 +81,102 @@ def _take(axes: Sequence[Any], args: Sequence[Any], lo: jax.Array, size: int) ->
     return [part(ax, arg) for ax, arg in zip(axes, args)]
 
 
+class GroupedCarry:
+    """The carry of a run whose replicas are computed in groups: one carry per group (replica axis first in every
+    leaf), kept as separate buffers from chunk to chunk, so that each group's program updates its own carry in place
+    (donated) with no copy in or out of a larger one.
+
+    A pytree (its children: the groups' carries), so ``jax.block_until_ready`` and the like take it as it is. Reading
+    a field of the carry (``carry.server``, ``carry.diverged_at``, ``carry.clock``, ...) gives that field of every
+    replica joined on the replica axis (a fresh copy, what the evaluation, the History and the checkpoint read);
+    :func:`whole_carry` joins the whole carry (the structure of ``Run.carry_shape``)."""
+
+    __slots__ = ("groups",)
+
+    def __init__(self, groups: Sequence[Any]) -> None:
+        object.__setattr__(self, "groups", tuple(groups))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _join_jit(tuple(getattr(g, name) for g in self.groups))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("a GroupedCarry is read-only")
+
+    def whole(self) -> Any:
+        """The carry of every replica joined on the replica axis (a fresh copy of every leaf)."""
+        return _join_jit(self.groups)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The number of replicas of each group."""
+        return tuple(int(jax.tree_util.tree_leaves(g)[0].shape[0]) for g in self.groups)
+
+    def tree_flatten(self) -> tuple[tuple[Any, ...], None]:
+        return self.groups, None
+
+    @classmethod
+    def tree_unflatten(cls, aux: None, children: Sequence[Any]) -> "GroupedCarry":
+        del aux
+        return cls(children)
+
+
+jax.tree_util.register_pytree_node_class(GroupedCarry)
+
+
+def whole_carry(carry: Any) -> Any:
+    """``carry`` with every replica in one set of arrays: a :class:`GroupedCarry` joined, any other carry as it is."""
+    return carry.whole() if isinstance(carry, GroupedCarry) else carry
+
+
+_join_jit = jax.jit(join_replicas)
+
+
+def split_replicas(carry: Any, bounds: Sequence[tuple[int, int]]) -> GroupedCarry:
+    """``carry`` (every replica in one set of arrays, replica axis first) as the :class:`GroupedCarry` of the groups
+    ``bounds``: done once, at the start of a run or after a restore. ``carry`` is consumed, as a chunk's donated carry
+    is: each leaf's buffer is freed as soon as its groups' copies exist, so the split holds the carry and one leaf's
+    copies at most (not two carries)."""
+    leaves, treedef = jax.tree_util.tree_flatten(carry)
+    bounds = tuple(bounds)
+    done: dict[int, tuple[Any, ...]] = {}  # a buffer shared by several leaves is split once
+    parts = []
+    for leaf in leaves:
+        if id(leaf) not in done:
+            done[id(leaf)] = jax.block_until_ready(_split_leaf(leaf, bounds))
+            if isinstance(leaf, jax.Array):
+                leaf.delete()
+        parts.append(done[id(leaf)])
+    return GroupedCarry([jax.tree_util.tree_unflatten(treedef, [p[i] for p in parts]) for i in range(len(bounds))])
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _split_leaf(x: jax.Array, bounds: tuple[tuple[int, int], ...]) -> tuple[jax.Array, ...]:
+    return tuple(x[lo:hi] for lo, hi in bounds)
+
+
+def _group_shapes(carry: Any, size: int) -> Any:
+    """The shapes of a carry of ``size`` replicas, from ``carry`` (whole or grouped)."""
+    one = carry.groups[0] if isinstance(carry, GroupedCarry) else carry
+    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((size, *a.shape[1:]), a.dtype), one)
+
+
 @dataclasses.dataclass
 class GroupedChunk:
     """A chunk function ``fn(carry, *args) -> (carry, records)`` over the replica axis, computed ``size`` replicas at a
     time by the host: the same ``lower(*args).compile()(*args)`` interface as a jitted function, so the host loop
     treats both alike.
 
-    ``in_axes`` are those of the vmap (0: per replica, None: shared; the carry's entry is 0). The carry of every
-    replica stays one set of buffers: each group's program takes the whole carry (donated) and the group's first
-    replica ``lo`` (traced, so one program serves every group of a size), reads its replicas' slice, and writes their
-    new carry back into the same buffers in place (``dynamic_update_slice``); only the small per-group records are
-    joined. (Splitting the carry into groups and joining it again after each chunk cost 6-10% of an MLP chunk in
-    fresh 136 MB allocations and copies at R = 8; docs/benchmarks.md, "Issue 24 leftovers".)"""
+    ``in_axes`` are those of the vmap (0: per replica, None: shared; the carry's entry is 0). The carry is kept as one
+    carry per group (:class:`GroupedCarry`): the compiled chunk takes a whole carry (split once into the groups) or a
+    :class:`GroupedCarry` and returns a :class:`GroupedCarry`. Each group's program takes its group's carry (donated,
+    so the scan over the chunk's steps updates it in place) and the group's first replica ``lo`` (traced, so one
+    program serves every group of a size), from which it reads its replicas' slice of the other per-replica
+    arguments; only the small per-group records are joined. (Before, the groups shared the whole carry's buffers:
+    each group's program read its slice into the loop and wrote it back, a copy of its state in and out per call
+    that cost 15-20% of an MLP replica's chunk; before that, the carry was split and joined around every chunk:
+    docs/benchmarks.md, "Issue 24 leftovers".)"""
 
     fn: Callable[..., Any]
     in_axes: tuple[Any, ...]
@@ -107,11 +194,8 @@ class GroupedChunk:
         vmapped = jax.vmap(self.fn, in_axes=self.in_axes)
 
         def group(carry: Any, lo: jax.Array, *args: Any) -> tuple[Any, Any]:
-            parts = _take(self.in_axes, (carry, *args), lo, size)
-            new, records = vmapped(*parts)
-            carry = jax.tree_util.tree_map(lambda whole, p: jax.lax.dynamic_update_slice_in_dim(whole, p, lo, 0),
-                                           carry, new)
-            return carry, records
+            parts = _take(self.in_axes[1:], args, lo, size)
+            return vmapped(carry, *parts)
 
         return jax.jit(group, donate_argnums=(0,))
 
@@ -125,27 +209,56 @@ class _GroupedLowered:
     args: tuple[Any, ...]
 
     def compile(self) -> "GroupedCompiled":
-        shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.args)
+        shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.args[1:])
         lo = jax.ShapeDtypeStruct((), jnp.int32)
-        programs = {size: fn.lower(shapes[0], lo, *shapes[1:]).compile() for size, fn in self.chunk.group_fns.items()}
-        return GroupedCompiled(self.chunk, programs)
+        programs = {size: fn.lower(_group_shapes(self.args[0], size), lo, *shapes).compile()
+                    for size, fn in self.chunk.group_fns.items()}
+        one = _group_shapes(self.args[0], 1)
+        replica_bytes = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in jax.tree_util.tree_leaves(one))
+        return GroupedCompiled(self.chunk, programs, replica_bytes)
 
 
 @dataclasses.dataclass
 class GroupedCompiled:
     """The compiled group programs (one per group size); called like the compiled vmapped chunk (the carry, argument
-    0, is donated)."""
+    0, is donated: a :class:`GroupedCarry` group by group; a whole carry is first split into the groups) and returns
+    the new carry as a :class:`GroupedCarry`."""
 
     chunk: GroupedChunk
     programs: dict[int, Any]
+    replica_bytes: int  # one replica's carry
 
     def __call__(self, carry: Any, *args: Any) -> Any:
-        records = []
-        for lo, hi in self.chunk.bounds:
-            carry, group_records = self.programs[hi - lo](carry, np.int32(lo), *args)
+        bounds = self.chunk.bounds
+        if not isinstance(carry, GroupedCarry):
+            carry = split_replicas(carry, bounds)
+        elif carry.sizes != tuple(hi - lo for lo, hi in bounds):
+            raise ValueError(f"a grouped carry of groups {carry.sizes} given to a chunk computed in groups of "
+                             f"{tuple(hi - lo for lo, hi in bounds)}")
+        groups, records = [], []
+        for (lo, hi), group_carry in zip(bounds, carry.groups):
+            group_carry, group_records = self.programs[hi - lo](group_carry, np.int32(lo), *args)
+            groups.append(group_carry)
             records.append(group_records)
-        return carry, (records[0] if len(records) == 1 else self.chunk.join(records))
+        return GroupedCarry(groups), (records[0] if len(records) == 1 else self.chunk.join(records))
 
     def memory_analysis(self) -> Any:
-        """The largest group program's analysis (the groups run one after another)."""
-        return self.programs[max(self.programs)].memory_analysis()
+        """The largest group program's analysis, with the other groups' carries (held between their calls) added to
+        its arguments: what the run holds while that group runs."""
+        size = max(self.programs)
+        stats = self.programs[size].memory_analysis()
+        fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes")
+        if stats is None or not all(hasattr(stats, f) for f in fields):
+            return stats
+        others = self.replica_bytes * (self.chunk.num_replicas - size)
+        return GroupMemory(*(int(getattr(stats, f)) + (others if f == fields[0] else 0) for f in fields))
+
+
+class GroupMemory(NamedTuple):
+    """A group program's memory analysis (the fields ``budget.compiled_bytes`` reads), the other groups' carries
+    counted among its arguments."""
+
+    argument_size_in_bytes: int
+    output_size_in_bytes: int
+    alias_size_in_bytes: int
+    temp_size_in_bytes: int

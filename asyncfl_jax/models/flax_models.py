@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 
 from asyncfl_jax.models.conv import conv_general_dilated
+from asyncfl_jax.models.pool import max_pool_2x2
 
 
 class LogisticRegression(nn.Module):
@@ -51,7 +52,7 @@ class CNN(nn.Module):
             x = x[..., None]
         for f in self.features:
             x = nn.relu(nn.Conv(f, kernel_size=(5, 5), padding="SAME", conv_general_dilated=conv_general_dilated)(x))
-            x = nn.max_pool(x, window_shape=(2, 2), strides=(2, 2))
+            x = max_pool_2x2(x)
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(self.dense)(x))
         return nn.Dense(self.num_classes)(x)

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from asyncfl_jax.models.conv import conv_general_dilated
+from asyncfl_jax.models.pool import max_pool_2x2
 
 # PyTorch's default for nn.Linear / nn.Conv2d weights: kaiming_uniform(a=sqrt(5)), i.e. U(-1/sqrt(fan_in), +).
 _TORCH_DEFAULT_KERNEL = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
@@ -80,7 +81,7 @@ def _torch_conv(features: int, kernel: int, in_channels: int, padding: int, stri
 
 
 def _max_pool2(x: jax.Array) -> jax.Array:
-    return nn.max_pool(x, window_shape=(2, 2), strides=(2, 2))
+    return max_pool_2x2(x)
 
 
 def _as_nhwc(x: jax.Array) -> jax.Array:
