@@ -799,15 +799,18 @@ def write_sweep_report(args: argparse.Namespace, records: list[dict], seconds: f
 
 
 # ------------------------------------------------------------------------------------------------ cpu: verdicts
-def within_time(record: dict, limit: float) -> dict:
-    """``record`` with only its evaluations at virtual time ``<= limit`` (its lists cut; times ascend)."""
-    count = int(np.searchsorted(np.asarray(record["times"], dtype=np.float64), limit, side="right"))
-    return {**record, **{k: list(record[k][:count]) for k in SERIES if k in record}}
+def evaluations_within(record: dict, limit: float) -> int:
+    """How many of ``record``'s evaluations are at virtual time ``<= limit`` (times ascend)."""
+    return int(np.searchsorted(np.asarray(record["times"], dtype=np.float64), limit, side="right"))
 
 
 def runs_of(records: list[dict], method: str, prob: float, limit: float) -> list[dict]:
-    """The runs of ``method`` at suspension probability ``prob``, cut at virtual time ``limit``."""
-    return [within_time(r, limit) for r in records if r["method"] == method and r["prob"] == prob]
+    """The runs of ``method`` at suspension probability ``prob``, each cut to the evaluations that every one of them
+    made by virtual time ``limit`` (the same count for every seed, as the mean curves need: the seeds' clocks
+    differ, so the last kept evaluation may be a little before ``limit``)."""
+    runs = [r for r in records if r["method"] == method and r["prob"] == prob]
+    count = min((evaluations_within(r, limit) for r in runs), default=0)
+    return [{**r, **{k: list(r[k][:count]) for k in SERIES if k in r}} for r in runs]
 
 
 PAPER_FASTER = "faster at every P (Figs. 2, 3, 5-14; curves, no numbers)"
