@@ -123,14 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``scripts/reproduce_asyncfeded.py``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", choices=list(SCALES), default="cpu",
-                   help="cpu: budget 40, P in {0, 0.5, 0.9}, 2 seeds (default); paper: budget 60 (300 s at 5 s per "
-                        "unit), P = 0, 0.1, ..., 0.9, 5 seeds")
+                   help="cpu (default): Fashion-MNIST, budget 60, P in {0.1, 0.5, 0.9}, 5 seeds (with --task "
+                        "synthetic: budget 40, P in {0, 0.5, 0.9}, 2 seeds); paper: Synthetic(1, 1), budget 60 (300 s "
+                        "at 5 s per unit), P = 0, 0.1, ..., 0.9, 5 seeds")
     p.add_argument("--task", choices=TASKS, default=None,
                    help="fashion_mnist (the --scale cpu default: the MLP 784-200-200-10 on a Dirichlet split over 10 "
                         "clients, verdict tables) or synthetic (the paper's Synthetic(1, 1); the --scale paper "
                         "default); FEMNIST and Shakespeare are not in this project")
     add_cpu_arguments(p)
-    p.add_argument("--quick", action="store_true", help="about a minute: budget 12, P in {0, 0.9}, one seed, K = 5")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke-sized run: Fashion-MNIST budget 4, P in {0.1, 0.9}, two seeds, K = 5 (Synthetic: "
+                        "budget 12, P in {0, 0.9}, one seed, K = 5)")
     p.add_argument("--budget", type=float, default=None, help="virtual-time budget (default: from --scale)")
     p.add_argument("--probs", type=float, nargs="+", default=None, help="suspension probabilities P")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
