@@ -62,9 +62,10 @@ def test_reproduce_asyncfeded_quick_writes_outputs_and_tables_every_method(tmp_p
     assert proc.returncode == 2 and "not available" in proc.stderr
     assert not (tmp_path / "none").exists()
     out = tmp_path / "asyncfeded"
-    # --quick: budget 12, P in {0, 0.9}, one seed, the constant-K ablation with K = 5 (about 50 s, mostly compiling).
-    proc = subprocess.run([sys.executable, script, "--quick", "--out", str(out)], env=env, capture_output=True,
-                          text=True, timeout=400)
+    # --quick on Synthetic(1, 1): budget 12, P in {0, 0.9}, one seed, the constant-K ablation with K = 5 (about 50 s,
+    # mostly compiling). The Fashion-MNIST task of --scale cpu: tests/test_reproduce_asyncfeded.py.
+    proc = subprocess.run([sys.executable, script, "--quick", "--task", "synthetic", "--out", str(out)], env=env,
+                          capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(os.listdir(out)) == ["ablation.png", "accuracy.png", "metrics_vs_p.png", "results.json", "table.md"]
     table = (out / "table.md").read_text()

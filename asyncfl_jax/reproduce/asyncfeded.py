@@ -1,5 +1,15 @@
 """The AsyncFedED paper's experiment (Wang et al. 2022; digest 001), on the in-scan event clock.
 
+Two tasks. ``--task synthetic`` (the ``--scale paper`` default) is the paper's Synthetic(1, 1) experiment, described
+below. ``--task fashion_mnist`` (the ``--scale cpu`` default) keeps that experiment's clock, suspensions, methods and
+paper hyper-parameters on an image task with the paper's MLP shape: Fashion-MNIST over 10 clients with a
+Dirichlet(0.3) label split, the MLP 784-200-200-10, each method at the client learning rate (and AsyncFedED at the
+lambda) a small sweep chose (``--sweep``), budget 60 time units, P in {0.1, 0.5, 0.9}, 5 seeds, the constant-K
+ablation K in {5, 10, 20} at P = 0.1; its ``table.md`` ends with verdict tables
+(:mod:`asyncfl_jax.reproduce.verdicts`) at equal uploads, virtual time and local steps, and it draws
+``claims_p<P>.png`` and ``claims_ablation.png`` (see the section "cpu: Fashion-MNIST" below and
+docs/reproduce_asyncfeded.md).
+
 Task: LEAF's Synthetic(1, 1) with 10 clients (``synthetic_leaf(num_clients=10, alpha=1, beta=1)``, its natural
 one-client-per-generator partition, 10% of each client held out for the pooled test set) and the paper's MLP
 60-200-200-10. Every method runs its paper preset (``asyncfl_jax.presets``, ``asyncfeded/synthetic/<method>``): SGD
@@ -51,7 +61,7 @@ paper's time axis is real seconds of a 10-process emulation; here it is virtual 
 
 The command is ``scripts/reproduce_asyncfeded.py`` (examples in its docstring, options in ``--help``).
 
-``--scale cpu``: budget 40 time units (about 330 server updates at P = 0), P in {0, 0.5, 0.9}, seeds 0 and 1,
+``--task synthetic`` at ``--scale cpu``: budget 40 time units (about 330 server updates at P = 0), P in {0, 0.5, 0.9}, seeds 0 and 1,
 ablation K in {5, 10, 20} at P = 0.1. ``--scale paper``: P in {0, 0.1, ..., 0.9}, seeds 0-4, ablation K in
 {5, 10, 15, 20}, budget 60 units: the paper's 300 s with the digest's calibration of the clock (section 4.2: a 300 s
 budget yields a few hundred server updates), i.e. 5 s per unit, about 500 server updates at P = 0. Virtual time has
@@ -68,7 +78,11 @@ Fig. 3 metrics and the time to the common target against P) and ``ablation.png``
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
+import json
 import math
+import os
 import sys
 from typing import Any, Callable
 
@@ -76,20 +90,22 @@ import numpy as np
 
 from asyncfl_jax import (Algorithm, EventClock, History, LocalConfig, ReplicaSpec, Schedule, Task, get_algorithm,
                          make_model, make_task)
-from asyncfl_jax.data import synthetic_leaf
+from asyncfl_jax.data import partition, synthetic_leaf
 from asyncfl_jax.presets import get_preset
-from asyncfl_jax.reproduce.data import DataUnavailable
+from asyncfl_jax.reproduce.data import DataUnavailable, check_dataset, load_dataset
 from asyncfl_jax.reproduce.curves import finite_mean_std, first_passage, mean_on_grid
 from asyncfl_jax.reproduce.grid import command_main, replica_runs, run_grid, setting_seed
 from asyncfl_jax.reproduce.report import (distinct_seeds_problem, label_axes, pyplot, round_up, save_png,
-                                          write_outputs, yes_no)
+                                          write_atomic, write_outputs, yes_no)
+from asyncfl_jax.reproduce.verdicts import (Verdict, compare, plot_methods, value_at_budget, verdict_json,
+                                            verdict_lines)
 from asyncfl_jax.timing import DelayModel, all_active, build_past, steps_within, synchronous, wait_rounds
 
 METHODS = ("AsyncFedED", "FedAsync+Constant", "FedAsync+Hinge", "FedAvg", "FedProx")
 PRESETS = {"AsyncFedED": "asyncfeded", "FedAsync+Constant": "fedasync_constant", "FedAsync+Hinge": "fedasync_hinge",
            "FedAvg": "fedavg", "FedProx": "fedprox"}
 BASELINES = METHODS[1:]
-TASKS = ("synthetic", "femnist", "shakespeare")
+TASKS = ("fashion_mnist", "synthetic", "femnist", "shakespeare")
 UNAVAILABLE = ("the paper's {task} task is not available in this project: it has no loader for LEAF's FEMNIST or "
                "Shakespeare data (and no LSTM for Shakespeare); only Synthetic(1, 1) can be reproduced "
                "(--task synthetic, which --scale paper runs at the paper's budget and 5 seeds)")
@@ -107,11 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``scripts/reproduce_asyncfeded.py``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", choices=list(SCALES), default="cpu",
-                   help="cpu: budget 40, P in {0, 0.5, 0.9}, 2 seeds (default); paper: budget 60 (300 s at 5 s per "
-                        "unit), P = 0, 0.1, ..., 0.9, 5 seeds")
-    p.add_argument("--task", choices=TASKS, default="synthetic",
-                   help="only synthetic is available (FEMNIST and Shakespeare are not in this project)")
-    p.add_argument("--quick", action="store_true", help="about a minute: budget 12, P in {0, 0.9}, one seed, K = 5")
+                   help="cpu (default): Fashion-MNIST, budget 60, P in {0.1, 0.5, 0.9}, 5 seeds (with --task "
+                        "synthetic: budget 40, P in {0, 0.5, 0.9}, 2 seeds); paper: Synthetic(1, 1), budget 60 (300 s "
+                        "at 5 s per unit), P = 0, 0.1, ..., 0.9, 5 seeds")
+    p.add_argument("--task", choices=TASKS, default=None,
+                   help="fashion_mnist (the --scale cpu default: the MLP 784-200-200-10 on a Dirichlet split over 10 "
+                        "clients, verdict tables) or synthetic (the paper's Synthetic(1, 1); the --scale paper "
+                        "default); FEMNIST and Shakespeare are not in this project")
+    add_cpu_arguments(p)
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke-sized run: Fashion-MNIST budget 4, P in {0.1, 0.9}, two seeds, K = 5 (Synthetic: "
+                        "budget 12, P in {0, 0.9}, one seed, K = 5)")
     p.add_argument("--budget", type=float, default=None, help="virtual-time budget (default: from --scale)")
     p.add_argument("--probs", type=float, nargs="+", default=None, help="suspension probabilities P")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
@@ -134,7 +156,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments with the scale's defaults filled in and checked (a bad one exits with a usage error)."""
     p = build_parser()
     args = p.parse_args(argv)
-    defaults = dict(QUICK if args.quick else SCALES[args.scale])
+    problem = cpu_argument_problem(args)
+    if problem:
+        p.error(problem)
+    defaults = scale_defaults(args)
     for name in ("budget", "probs", "seeds", "ablation_k", "evals"):
         if getattr(args, name) is None:
             setattr(args, name, defaults[name])
@@ -215,11 +240,13 @@ def run_group(task: Task, name: str, preset: dict, options: dict, hparams: dict,
         frame = run_over_budget(task, algorithm, name, settings, variants, {**local_hp, **hparams}, local, args,
                                 k_scale, adaptive)
     extra = ("mean_k",) if "mean_k" in frame.columns else ()
-    runs = replica_runs(frame, ("method", "prob", "timing_seed", "seed", "diverged_at", *extra),
-                        {"times": "time", "accuracy": "test_accuracy", "uploads": "uploads"})
+    series = {"times": "time", "accuracy": "test_accuracy", "uploads": "uploads"}
+    if "local_steps" in frame.columns:  # local steps trained for the uploads received: the equal-computation axis
+        series["local_steps"] = "local_steps"
+    runs = replica_runs(frame, ("method", "prob", "timing_seed", "seed", "diverged_at", *extra), series)
     return [{"method": r["method"], "prob": r["prob"], "seed": r["timing_seed"], "training_seed": r["seed"],
              "times": r["times"], "accuracy": r["accuracy"], "uploads": r["uploads"], "diverged_at": r["diverged_at"],
-             **{k: r[k] for k in extra}} for r in runs]
+             **{k: r[k] for k in ("local_steps", *extra) if k in r}} for r in runs]
 
 
 def grid_replicas(settings: list[tuple[float, int, int]], variants: list[tuple[str, dict]], hparams: dict,
@@ -270,11 +297,15 @@ def mean_k(history: History, r: int, budget: float) -> float | None:
 def run_all(args: argparse.Namespace) -> list[dict]:
     """Every program: AsyncFedED (main grid and ablation P), the constant-K ablation, the two FedAsyncs together and
     FedAvg / FedProx together, on Synthetic(1, 1) with the paper's MLP."""
-    dataset = synthetic_leaf(num_clients=10, alpha=1.0, beta=1.0, seed=0)
-    model = make_model("mlp", dataset.input_shape, dataset.num_classes, seed=0, hidden=(200, 200))
-    task = make_task(dataset, dataset.natural_partition, model)
-    args.test_examples = int(len(dataset.test_y))
-    presets = {m: get_preset(f"asyncfeded/{args.task}/{PRESETS[m]}") for m in METHODS}
+    if args.task == CPU_TASK:
+        task = make_cpu_task(args)
+    else:
+        dataset = synthetic_leaf(num_clients=10, alpha=1.0, beta=1.0, seed=0)
+        model = make_model("mlp", dataset.input_shape, dataset.num_classes, seed=0, hidden=(200, 200))
+        task = make_task(dataset, dataset.natural_partition, model)
+    args.test_examples = int(task.test_y.shape[0])
+    presets = {m: get_preset(f"asyncfeded/{preset_task(args)}/{PRESETS[m]}") for m in METHODS}
+    lr = client_lr_of(args)
     probs = list(args.probs)
     main = [(q, j, s) for j, q in enumerate(probs) for s in args.seeds]
     ablation_index = probs.index(args.ablation_prob) if args.ablation_prob in probs else len(probs)
@@ -285,12 +316,13 @@ def run_all(args: argparse.Namespace) -> list[dict]:
         settings = main if ablation_index < len(probs) else main + ablation
         if "AsyncFedED" not in args.methods:
             settings = ablation
-        records += run_group(task, "AsyncFedED", pre, pre["options"], pre["hparams"], [("AsyncFedED", {})],
-                             settings, args)
+        records += run_group(task, "AsyncFedED", pre, pre["options"], {**pre["hparams"], **lr("AsyncFedED")},
+                             asyncfeded_variants(args), settings, args)
     for k in args.ablation_k:
-        pre = get_preset(f"asyncfeded/{args.task}/asyncfeded_constant_k")
+        pre = get_preset(f"asyncfeded/{preset_task(args)}/asyncfeded_constant_k")
         options = {**pre["options"], "initial_steps": k, "max_steps": max(k, pre["options"].get("max_steps", 50))}
-        records += run_group(task, f"AsyncFedED constant K={k}", pre, options, pre["hparams"],
+        records += run_group(task, f"AsyncFedED constant K={k}", pre, options,
+                             {**pre["hparams"], **lr("AsyncFedED"), **feded_lambda_of(args)},
                              [(f"AsyncFedED K={k}", {})], ablation, args, k_scale=k / pre["local"]["steps"])
     fedasync = [m for m in ("FedAsync+Constant", "FedAsync+Hinge") if m in args.methods]
     if fedasync:
@@ -300,13 +332,13 @@ def run_all(args: argparse.Namespace) -> list[dict]:
         a = {"FedAsync+Constant": 0.0, "FedAsync+Hinge": hinge["hparams"]["staleness_a"]}
         records += run_group(task, "FedAsync", hinge, hinge["options"],
                              {k: v for k, v in hinge["hparams"].items() if k != "staleness_a"},
-                             [(m, {"staleness_a": a[m]}) for m in fedasync], main, args)
+                             [(m, {"staleness_a": a[m], **lr(m)}) for m in fedasync], main, args)
     sync = [m for m in ("FedAvg", "FedProx") if m in args.methods]
     if sync:
         mu = {"FedAvg": presets["FedAvg"]["hparams"].get("prox_mu", 0.0),
               "FedProx": presets["FedProx"]["hparams"]["prox_mu"]}
         records += run_group(task, "FedAvg/FedProx", presets["FedProx"], presets["FedProx"]["options"], {},
-                             [(m, {"prox_mu": mu[m]}) for m in sync], main, args)
+                             [(m, {"prox_mu": mu[m], **lr(m)}) for m in sync], main, args)
     return records
 
 
@@ -406,7 +438,7 @@ def format_table(rows: list[dict], args: argparse.Namespace) -> str:
     probs = args.probs
     head = "| method | " + " | ".join(f"P = {p:g}" for p in probs) + " |"
     rule = "|" + "---|" * (len(probs) + 1)
-    lines = [f"AsyncFedED reproduction: Synthetic(1, 1), 10 clients, MLP 60-200-200-10, budget {args.budget:g} units "
+    lines = [f"AsyncFedED reproduction: {task_title(args)}, budget {args.budget:g} units "
              f"of virtual time (one unit: the compute time of a 10-step job; communication {args.comm_time:g}; "
              f"suspension mean {args.suspension_mean:g}; synchronous rounds: {args.sync_suspensions}), "
              f"mean ± std over seeds {args.seeds}. The test set has {args.test_examples} examples (accuracy moves in "
@@ -527,11 +559,17 @@ def plot_ablation(records: list[dict], args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """The command: runs every program and writes ``table.md``, ``results.json`` and the figures to ``--out``; 2 for
     the paper's tasks that are not available."""
-    return command_main(argv, parse_args, lambda args, _: run_all(args), write_report, load=check_task)
+    return command_main(argv, parse_args, run_command, report_command, load=check_task)
 
 
 def check_task(args: argparse.Namespace) -> None:
-    """Only Synthetic(1, 1) is available: the paper's other tasks raise ``DataUnavailable``."""
+    """Synthetic(1, 1) and (cpu scale) Fashion-MNIST are available: the paper's other tasks, or Fashion-MNIST's
+    missing files, raise ``DataUnavailable``."""
+    if args.task == CPU_TASK:
+        problem = check_dataset(CPU_TASK, args.data_dir)
+        if problem:
+            raise DataUnavailable(problem)
+        return
     if args.task != "synthetic":
         raise DataUnavailable(UNAVAILABLE.format(task=args.task.capitalize() if args.task != "femnist" else "FEMNIST"))
     if args.scale == "paper" and not args.quick:
@@ -544,7 +582,318 @@ def write_report(args: argparse.Namespace, records: list[dict], seconds: float) 
     rows = summarize(records, args)
     seconds = round(seconds, 1)
     table = format_table(rows, args) + f"\nWall time: {seconds} s.\n"
+    verdicts = cpu_verdicts(records, args) if args.task == CPU_TASK else {}
+    table += "".join("\n" + "\n".join(verdict_lines(vs, title)) for title, vs in verdicts.items())
     write_outputs(args.out, table, {"args": vars(args), "results": rows, "checks": direction_checks(rows, args),
-                                    "runs": records, "seconds": seconds})
+                                    "runs": records, "seconds": seconds,
+                                    "verdicts": {t: [verdict_json(v) for v in vs] for t, vs in verdicts.items()}})
     plot(records, rows, args)
+    if args.task == CPU_TASK:
+        plot_cpu_figures(records, args)
     return table
+
+
+# ------------------------------------------------------------------------------------------------ cpu: Fashion-MNIST
+# ``--scale cpu`` (default task ``fashion_mnist``): the paper's claims on a non-convex model and an image task that
+# runs on 2 CPU cores. The paper's image task (FEMNIST, a CNN) has no loader here and the CNN does not finish on a CPU;
+# this setting keeps everything else of the Synthetic experiment (10 clients, all always training on the event clock,
+# K_init = 10 steps of batch 10 with momentum 0.5, the suspension model, the Synthetic column's lambda = 5,
+# epsilon = 5, gamma_bar = 3, kappa = 1 and FedAsync / FedProx values) on Fashion-MNIST (the IDX files, all 60,000
+# training and 10,000 test examples) with a Dirichlet label split over the 10 clients and the paper's MLP shape
+# (two hidden layers of 200) on 784 inputs. Each method trains at the client learning rate a small sweep chose
+# (:func:`run_sweep`, ``--sweep``; docs/reproduce_asyncfeded.md), not at the paper's 0.01 tuned for its tasks.
+CPU_TASK = "fashion_mnist"
+CPU_CLIENTS = 10
+CPU_HIDDEN = (200, 200)
+CPU_ALPHA = 0.3  # the Dirichlet concentration of the label split (lower: more skew)
+CPU_TEST_EXAMPLES = 5000  # of the 10,000 test examples, drawn once: accuracy in steps of 0.02 points
+CPU_TRAIN_EVAL_EXAMPLES = 500  # the train loss (not used by the verdicts) on a small sample
+CPU_SCALE = {"budget": 60.0, "probs": [0.1, 0.5, 0.9], "seeds": [0, 1, 2, 3, 4], "ablation_k": [5, 10, 20],
+             "evals": 40}
+CPU_QUICK = {"budget": 4.0, "probs": [0.1, 0.9], "seeds": [0, 1], "ablation_k": [5], "evals": 8}
+LR_GRID = [0.003, 0.01, 0.03, 0.1, 0.3]  # the client learning rates of the sweep
+LAMBDA_GRID = [0.5, 1.0, 2.0, 5.0]  # AsyncFedED's lambda (its server step lambda / (gamma + epsilon)) in the sweep
+SWEEP_SEEDS = [100, 101]  # not the reported seeds: the choice does not select on their noise
+SWEEP_PROB = 0.5
+CPU_LR = {"AsyncFedED": 0.1, "FedAsync+Constant": 0.1, "FedAsync+Hinge": 0.1, "FedAvg": 0.1, "FedProx": 0.1}
+CPU_LAMBDA = 0.5
+"""AsyncFedED's lambda at ``--scale cpu`` (epsilon stays the Synthetic column's 5): the sweep's choice over
+:data:`LAMBDA_GRID` jointly with its learning rate. The Synthetic column's lambda = 5 makes the server step
+``5 / (gamma + 5)`` about 1 for a fresh update, which on a label-skewed split pulls the model to each client in turn."""
+"""Each method's client learning rate at ``--scale cpu``: the choice of the sweep (``--sweep``) over
+:data:`LR_GRID`, highest mean test accuracy over the last 10% of the budget on :data:`SWEEP_SEEDS` at
+P = :data:`SWEEP_PROB`. The constant-K ablation uses AsyncFedED's."""
+EARLY_FRACTION = 0.25  # "converges faster": the verdicts also compare at this fraction of the time budget
+SERIES = ("times", "accuracy", "uploads", "local_steps")  # a record's per-evaluation lists
+
+
+def add_cpu_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of the Fashion-MNIST task (``--task fashion_mnist``), refused with any other task."""
+    p.add_argument("--alpha", type=float, default=None,
+                   help=f"fashion_mnist: Dirichlet concentration of the label split over the 10 clients "
+                        f"(default {CPU_ALPHA:g})")
+    p.add_argument("--data-dir", default=None, help="fashion_mnist: the folder of the IDX files (default: the usual "
+                                                    "places, e.g. the Debian package's)")
+    p.add_argument("--sweep", action="store_true",
+                   help=f"fashion_mnist: sweep each method's client learning rate over {LR_GRID} on seeds "
+                        f"{SWEEP_SEEDS} at P = {SWEEP_PROB:g} (no ablation) and write sweep.md instead of the "
+                        "comparison")
+
+
+def default_task(scale: str) -> str:
+    """``fashion_mnist`` at ``--scale cpu``, the paper's ``synthetic`` at ``--scale paper``."""
+    return CPU_TASK if scale == "cpu" else "synthetic"
+
+
+def cpu_argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the task's options (before the scale's defaults are filled in), or None: the
+    Fashion-MNIST options with another task would be ignored, and Fashion-MNIST is a cpu-scale stand-in."""
+    task = args.task or default_task(args.scale)
+    if task != CPU_TASK:
+        given = [flag for flag, value in (("--alpha", args.alpha), ("--data-dir", args.data_dir),
+                                          ("--sweep", args.sweep or None)) if value is not None]
+        if given:
+            return f"{', '.join(given)} apply only to --task {CPU_TASK} (got --task {task})"
+        return None
+    if args.scale == "paper":
+        return (f"--task {CPU_TASK} is the cpu-scale stand-in for the paper's image task; --scale paper runs the "
+                "paper's Synthetic(1, 1) (--task synthetic)")
+    if args.alpha is not None and not args.alpha > 0:
+        return f"--alpha must be > 0, got {args.alpha}"
+    if args.sweep and any(v is not None for v in (args.probs, args.seeds, args.ablation_k)):
+        return f"--sweep runs its own P ({SWEEP_PROB:g}) and seeds {SWEEP_SEEDS} without the ablation: drop " \
+               "--probs, --seeds and --ablation-k"
+    return None
+
+
+def scale_defaults(args: argparse.Namespace) -> dict:
+    """The defaults of ``--scale`` / ``--quick`` for the task (also fills ``args.task`` and, for Fashion-MNIST,
+    ``args.alpha`` and ``args.client_lrs``, each method's client learning rate)."""
+    args.task = args.task or default_task(args.scale)
+    if args.task != CPU_TASK:
+        args.client_lrs = args.feded_lambda = None
+        return dict(QUICK if args.quick else SCALES[args.scale])
+    args.alpha = CPU_ALPHA if args.alpha is None else args.alpha
+    args.client_lrs = dict(CPU_LR)
+    args.feded_lambda = None if args.sweep else CPU_LAMBDA
+    defaults = dict(CPU_QUICK if args.quick else CPU_SCALE)
+    if args.sweep:
+        defaults.update(probs=[SWEEP_PROB], seeds=list(SWEEP_SEEDS), ablation_k=[])
+        args.ablation_prob = SWEEP_PROB  # no ablation: AsyncFedED runs at the sweep's P only
+    return defaults
+
+
+def preset_task(args: argparse.Namespace) -> str:
+    """The presets' task: Fashion-MNIST runs the Synthetic column's hyper-parameters (its own learning rates)."""
+    return "synthetic" if args.task == CPU_TASK else args.task
+
+
+def client_lr_of(args: argparse.Namespace) -> Callable[[str], dict]:
+    """``method -> {"client_lr": value}`` for the methods with their own learning rate (Fashion-MNIST), else ``{}``
+    (the preset's)."""
+    lrs = getattr(args, "client_lrs", None) or {}
+    return lambda method: {"client_lr": lrs[method]} if method in lrs else {}
+
+
+def feded_lambda_of(args: argparse.Namespace) -> dict:
+    """``{"feded_lambda": value}`` when the task sets AsyncFedED's lambda (Fashion-MNIST), else ``{}`` (the
+    preset's)."""
+    value = getattr(args, "feded_lambda", None)
+    return {} if value is None else {"feded_lambda": value}
+
+
+def asyncfeded_variants(args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """AsyncFedED's replicas per (P, seed): one, or in the sweep one per lambda of :data:`LAMBDA_GRID` (labelled
+    ``AsyncFedED lambda=V``)."""
+    if getattr(args, "sweep", False):
+        return [(f"AsyncFedED lambda={lam:g}", {"feded_lambda": lam}) for lam in LAMBDA_GRID]
+    return [("AsyncFedED", feded_lambda_of(args))]
+
+
+def task_title(args: argparse.Namespace) -> str:
+    """The task in words, for the tables and figures."""
+    if args.task == CPU_TASK:
+        return (f"Fashion-MNIST, {CPU_CLIENTS} clients Dir({args.alpha:g}), MLP 784-"
+                f"{'-'.join(map(str, CPU_HIDDEN))}-10")
+    return "Synthetic(1, 1), 10 clients, MLP 60-200-200-10"
+
+
+def make_cpu_task(args: argparse.Namespace) -> Task:
+    """Fashion-MNIST (IDX files; all 60,000 training examples, pixels / 255) over :data:`CPU_CLIENTS` clients with
+    a Dirichlet(``args.alpha``) label split drawn once (seed 0, shared by every seed and method), the MLP
+    784-200-200-10 (initial weights seed 0), and :data:`CPU_TEST_EXAMPLES` test examples drawn once (seed 0; the
+    synchronous baselines evaluate after every round, and evaluation is most of the run's cost on a CPU)."""
+    dataset = load_dataset(CPU_TASK, args.data_dir)
+    if CPU_TEST_EXAMPLES < len(dataset.test_y):
+        keep = np.sort(np.random.default_rng(0).choice(len(dataset.test_y), CPU_TEST_EXAMPLES, replace=False))
+        dataset = dataclasses.replace(dataset, test_x=dataset.test_x[keep], test_y=dataset.test_y[keep])
+    parts = partition("dirichlet", dataset.train_y, CPU_CLIENTS, seed=0, alpha=args.alpha)
+    model = make_model("mlp", dataset.input_shape, dataset.num_classes, seed=0, hidden=CPU_HIDDEN)
+    return make_task(dataset, parts, model, train_eval_size=CPU_TRAIN_EVAL_EXAMPLES)
+
+
+def run_command(args: argparse.Namespace, _: Any) -> Any:
+    """The runs of the command: the learning-rate sweep (``--sweep``) or the comparison."""
+    return run_sweep(args) if getattr(args, "sweep", False) else run_all(args)
+
+
+def report_command(args: argparse.Namespace, results: Any, seconds: float) -> str:
+    """The report of the command: ``sweep.md`` (``--sweep``) or the comparison's ``table.md``, JSON and figures."""
+    return write_sweep_report(args, results, seconds) if getattr(args, "sweep", False) else write_report(
+        args, results, seconds)
+
+
+# ------------------------------------------------------------------------------------------------ cpu: the sweep
+def run_sweep(args: argparse.Namespace) -> list[dict]:
+    """Every method at every client learning rate of :data:`LR_GRID` (one comparison per value, every method at
+    it), tagged with ``client_lr``."""
+    records = []
+    for lr in LR_GRID:
+        at = copy.copy(args)
+        at.client_lrs = {m: lr for m in METHODS}
+        records += [{**r, "client_lr": lr} for r in run_all(at)]
+    return records
+
+
+def sweep_scores(records: list[dict], budget: float) -> dict[str, dict[float, list[float]]]:
+    """``{method: {client_lr: [value per seed]}}``: each run's mean test accuracy over the last 10% of the time
+    budget (:func:`~asyncfl_jax.reproduce.verdicts.value_at_budget`; NaN for a diverged run)."""
+    scores: dict[str, dict[float, list[float]]] = {}
+    for r in records:
+        value = value_at_budget(r["times"], r["accuracy"], budget)
+        scores.setdefault(r["method"], {}).setdefault(r["client_lr"], []).append(value)
+    return scores
+
+
+def sweep_choice(by_lr: dict[float, list[float]]) -> float:
+    """The learning rate with the highest mean score over seeds; a value with a diverged (NaN) run ranks last."""
+    return max(sorted(by_lr), key=lambda lr: (bool(np.all(np.isfinite(by_lr[lr]))), float(np.nanmean(by_lr[lr]))
+                                              if np.any(np.isfinite(by_lr[lr])) else -math.inf))
+
+
+def write_sweep_report(args: argparse.Namespace, records: list[dict], seconds: float) -> str:
+    """``sweep.md`` and ``sweep.json``: per method, the score of every learning rate (mean ± std over the sweep
+    seeds, in %) and the choice; returns the table."""
+    scores = sweep_scores(records, args.budget)
+    lines = [f"Client learning-rate sweep: {task_title(args)}, P = {args.probs[0]:g}, seeds {args.seeds}, budget "
+             f"{args.budget:g}; score = mean test accuracy (%) over the last 10% of the budget, mean ± std over the "
+             "seeds; the chosen value in bold.", "",
+             "| method | " + " | ".join(f"lr {lr:g}" for lr in LR_GRID) + " | chosen |",
+             "|---|" + "---|" * (len(LR_GRID) + 1)]
+    chosen = {}
+    for m in scores:  # AsyncFedED at each lambda, then the baselines
+        chosen[m] = sweep_choice(scores[m])
+        cells = []
+        for lr in LR_GRID:
+            v = np.asarray(scores[m].get(lr, [math.nan]), dtype=np.float64)
+            text = "diverged" if not np.all(np.isfinite(v)) else f"{100 * v.mean():.2f} ± {100 * v.std():.2f}"
+            cells.append(f"**{text}**" if lr == chosen[m] else text)
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {chosen[m]:g} |")
+    feded = {m: float(np.mean(scores[m][chosen[m]])) for m in chosen if m.startswith("AsyncFedED")}
+    if feded:
+        best = max(feded, key=feded.get)
+        lines += ["", f"AsyncFedED's choice: {best.split(' ', 1)[1]}, lr {chosen[best]:g} ({100 * feded[best]:.2f})."]
+    table = "\n".join(lines) + f"\n\nWall time: {round(seconds, 1)} s.\n"
+    results = {"args": vars(args), "scores": {m: {str(lr): v for lr, v in s.items()} for m, s in scores.items()},
+               "chosen": chosen, "runs": records, "seconds": round(seconds, 1)}
+    write_atomic(os.path.join(args.out, "sweep.md"), table)
+    write_atomic(os.path.join(args.out, "sweep.json"), json.dumps(results, indent=1))
+    return table
+
+
+# ------------------------------------------------------------------------------------------------ cpu: verdicts
+def evaluations_within(record: dict, limit: float) -> int:
+    """How many of ``record``'s evaluations are at virtual time ``<= limit`` (times ascend)."""
+    return int(np.searchsorted(np.asarray(record["times"], dtype=np.float64), limit, side="right"))
+
+
+def runs_of(records: list[dict], method: str, prob: float, limit: float) -> list[dict]:
+    """The runs of ``method`` at suspension probability ``prob``, each cut to the evaluations that every one of them
+    made by virtual time ``limit`` (the same count for every seed, as the mean curves need: the seeds' clocks
+    differ, so the last kept evaluation may be a little before ``limit``)."""
+    runs = [r for r in records if r["method"] == method and r["prob"] == prob]
+    count = min((evaluations_within(r, limit) for r in runs), default=0)
+    return [{**r, **{k: list(r[k][:count]) for k in SERIES if k in r}} for r in runs]
+
+
+PAPER_FASTER = "faster at every P (Figs. 2, 3, 5-14; curves, no numbers)"
+PAPER_ABLATION = "adaptive K faster and smoother than K = 5, 10, 15, 20 (Fig. 4; curves)"
+
+
+def cpu_verdicts(records: list[dict], args: argparse.Namespace) -> dict[str, list[Verdict]]:
+    """The verdict tables of the Fashion-MNIST comparison, ``{title: verdicts}``:
+
+    * per P: AsyncFedED above each baseline at the end of the budget, at equal uploads, virtual time and local steps
+      (the paper's Fig. 3a, max accuracy within the budget, read as the accuracy at its end), and at equal virtual time
+      at a quarter of the budget (Figs. 2 and 3b: "converges faster");
+    * across P (equal virtual time): AsyncFedED not below itself from the smallest to the largest P ("quite stable";
+      the claim is a gap within the noise or positive) and FedAsync+Constant / +Hinge below themselves (they
+      "decline drastically when P is large": the claim is this gap beyond the noise);
+    * the ablation (Fig. 4): adaptive K above each constant K at the ablation's P, at the three budgets."""
+    out: dict[str, list[Verdict]] = {}
+    budget, early = args.budget, EARLY_FRACTION * args.budget
+    base = [m for m in BASELINES if m in args.methods]
+    seeds = f"seeds {args.seeds}"
+    if "AsyncFedED" in args.methods:
+        for p in args.probs:
+            mine = runs_of(records, "AsyncFedED", p, budget)
+            rows = []
+            for m in base:
+                theirs = runs_of(records, m, p, budget)
+                if mine and theirs:
+                    for axis in ("uploads", "times", "local_steps"):
+                        rows.append(compare(f"AsyncFedED above {m}", mine, theirs, axis=axis, paper=PAPER_FASTER))
+            for m in base:
+                early_mine, theirs = runs_of(records, "AsyncFedED", p, early), runs_of(records, m, p, early)
+                if early_mine and theirs:
+                    rows.append(compare(f"AsyncFedED above {m} at t = {early:g} (faster)", early_mine, theirs,
+                                        axis="times", paper=PAPER_FASTER))
+            out[f"Verdicts, P = {p:g}, {seeds}"] = rows
+    if len(args.probs) > 1:
+        lo, hi = args.probs[0], args.probs[-1]
+        rows = []
+        for m, paper in (("AsyncFedED", "quite stable as P grows (Fig. 3)"),
+                         ("FedAsync+Constant", "declines drastically at large P (Fig. 3)"),
+                         ("FedAsync+Hinge", "declines drastically at large P (Fig. 3)")):
+            at_lo, at_hi = runs_of(records, m, lo, budget), runs_of(records, m, hi, budget)
+            if at_lo and at_hi:
+                if m == "AsyncFedED":
+                    rows.append(compare(f"AsyncFedED at P = {hi:g} not below P = {lo:g}", at_hi, at_lo,
+                                        axis="times", paper=paper))
+                else:
+                    rows.append(compare(f"{m} lower at P = {hi:g} than at P = {lo:g}", at_lo, at_hi,
+                                        axis="times", paper=paper))
+        if rows:
+            out[f"Verdicts across P (equal virtual time), {seeds}"] = rows
+    adaptive = runs_of(records, "AsyncFedED", args.ablation_prob, budget)
+    rows = []
+    for k in args.ablation_k:
+        constant = runs_of(records, f"AsyncFedED K={k}", args.ablation_prob, budget)
+        if adaptive and constant:
+            for axis in ("uploads", "times", "local_steps"):
+                rows.append(compare(f"adaptive K above constant K = {k}", adaptive, constant, axis=axis,
+                                    paper=PAPER_ABLATION))
+    if rows:
+        out[f"Verdicts, ablation at P = {args.ablation_prob:g}, {seeds}"] = rows
+    return out
+
+
+def plot_cpu_figures(records: list[dict], args: argparse.Namespace) -> list[str]:
+    """``claims_p<P>.png`` per P (every method) and ``claims_ablation.png`` (adaptive against constant K): one line
+    per method with a min-max band over the seeds against uploads, virtual time and local steps, cut at the budget
+    (:func:`asyncfl_jax.reproduce.verdicts.plot_methods`)."""
+    written = []
+    setting = f"{task_title(args)}, budget {args.budget:g}"
+    for p in args.probs:
+        runs = {m: runs_of(records, m, p, args.budget) for m in METHODS if m in args.methods}
+        name = f"claims_p{p:g}.png"
+        plot_methods(runs, os.path.join(args.out, name), f"{setting}, suspension P = {p:g}")
+        written.append(name)
+    if args.ablation_k:
+        runs = {"adaptive K": runs_of(records, "AsyncFedED", args.ablation_prob, args.budget),
+                **{f"constant K = {k}": runs_of(records, f"AsyncFedED K={k}", args.ablation_prob, args.budget)
+                   for k in args.ablation_k}}
+        name = "claims_ablation.png"
+        plot_methods(runs, os.path.join(args.out, name), f"AsyncFedED, {setting}, P = {args.ablation_prob:g}")
+        written.append(name)
+    return written
