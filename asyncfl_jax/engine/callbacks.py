@@ -171,9 +171,9 @@ class Checkpoints:
     neither, a checkpoint is saved once :data:`~asyncfl_jax.checkpoint.DEFAULT_INTERVAL` seconds of the host's wall
     clock (``now()``, by default ``time.monotonic``) have passed since the last one, checked after each chunk. A save
     during the run is asynchronous (``asynchronous=True``): the state's arrays are handed to orbax and the next chunk
-    runs while a background thread writes the folder and then the record (:func:`asyncfl_jax.checkpoint.start_save`); the next
-    save, the end of the run and a signal wait for it first, so the record only ever names a finished state. The
-    saves after the last chunk and on a signal are waited for. The seconds the loop waits for saves are counted in
+    runs while a background thread writes the folder and then the record (:func:`asyncfl_jax.checkpoint.start_save`);
+    the next save, the end of the run and a signal wait for it first, so the record only ever names a finished state.
+    The saves after the last chunk and on a signal are waited for. The seconds the loop waits for saves are counted in
     the run time and reported as ``LoopState.checkpoint_seconds`` (``History.checkpoint_seconds``). ``at_end=False``
     leaves out the save after the last chunk (for a caller that saves the finished run's History itself, as
     ``asyncfl run`` does; a save under way is still finished).
