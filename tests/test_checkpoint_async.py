@@ -111,7 +111,7 @@ def test_saves_by_wall_clock_interval_with_an_injected_clock(task, schedule, ref
     run = engine.prepare_run(task, ca2fl(cache="int8"), schedule, LOCAL, RUN["seeds"], RUN["hparams"],
                              RUN["eval_every"])
     clock = FakeClock(25.0)  # 25 s per chunk, a save every 60 s: after chunks 3 (75 s) and 6 (150 s), and the end
-    saver = Checkpoints(str(tmp_path), run, interval=60, clock=clock)
+    saver = Checkpoints(str(tmp_path), run, interval=60, now=clock)
     with caplog.at_level(logging.INFO, logger="asyncfl_jax"):
         state = engine.HostLoop(run, [clock, engine.ProgressBar(True), saver]).run()
     assert started == [(3, True), (6, True), (8, True)]

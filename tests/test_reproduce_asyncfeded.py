@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from asyncfl_jax.reproduce import asyncfeded
+from asyncfl_jax.reproduce.settings import SettingsError
 
 from support import ROOT, script_env
 
@@ -42,6 +43,10 @@ def test_cpu_scale_is_fashion_mnist_and_paper_scale_is_synthetic(capsys):
         with pytest.raises(SystemExit):
             asyncfeded.parse_args(bad)
         assert says in capsys.readouterr().err
+    synthetic = asyncfeded.AsyncfededSettings.from_keywords(task="synthetic", quick=True)
+    assert synthetic == asyncfeded.parse_settings(["--task", "synthetic", "--quick"]) and synthetic.alpha is None
+    with pytest.raises(SettingsError, match="--alpha apply only to --task fashion_mnist"):
+        asyncfeded.AsyncfededSettings.from_keywords(task="synthetic", alpha=0.1)
 
 
 def test_sweep_chooses_the_best_mean_and_never_a_diverged_value():
@@ -63,8 +68,8 @@ def record(method: str, prob: float, seed: int, level: float, steps_per_upload: 
 
 
 def test_cpu_verdict_rows_per_p_across_p_and_for_the_ablation():
-    args = asyncfeded.parse_args(["--quick", "--seeds", "0", "1", "2", "--probs", "0.1", "0.9", "--ablation-k", "5",
-                                  "--budget", "10", "--methods", "AsyncFedED", "FedAsync+Constant"])
+    args = asyncfeded.parse_settings(["--quick", "--seeds", "0", "1", "2", "--probs", "0.1", "0.9", "--ablation-k",
+                                      "5", "--budget", "10", "--methods", "AsyncFedED", "FedAsync+Constant"])
     levels = {("AsyncFedED", 0.1): 0.8, ("AsyncFedED", 0.9): 0.8, ("FedAsync+Constant", 0.1): 0.7,
               ("FedAsync+Constant", 0.9): 0.5, ("AsyncFedED K=5", 0.1): 0.85}
     records = [record(m, p, s, level, 5 if m.endswith("K=5") else 10) for (m, p), level in levels.items()

@@ -8,12 +8,12 @@ import dataclasses
 
 import pytest
 
-from asyncfl_jax.reproduce import ace, area, asynflc_ef, bias_correction, ca2fl, compression
+from asyncfl_jax.reproduce import ace, area, asyncfeded, asynflc_ef, bias_correction, ca2fl, compression
 from asyncfl_jax.reproduce.settings import ReproductionSettings, SettingsError, argv_of
 
 SETTINGS = {ace: ace.AceSettings, ca2fl: ca2fl.Ca2flSettings, area: area.AreaSettings,
             asynflc_ef: asynflc_ef.AsynflcEfSettings, bias_correction: bias_correction.BiasCorrectionSettings,
-            compression: compression.CompressionSettings}
+            compression: compression.CompressionSettings, asyncfeded: asyncfeded.AsyncfededSettings}
 
 
 @pytest.mark.parametrize("module", list(SETTINGS), ids=lambda m: m.__name__.rsplit(".", 1)[1])

@@ -74,6 +74,7 @@ def test_reproduce_asyncfeded_quick_writes_outputs_and_tables_every_method(tmp_p
     assert all(table.count(f"| {m} |") >= 4 for m in methods)  # max accuracy, t90, time to target, uploads
     assert "| constant K = 5 |" in table and "| adaptive K (K_init = 10) |" in table
     data = json.loads((out / "results.json").read_text())
+    assert f"The test set has {data['args']['test_examples']} examples" in table  # Synthetic(1, 1): 10% held out
     rows = {(r["method"], r["prob"]): r for r in data["results"]}
     assert set(rows) == {(m, p) for m in methods for p in (0.0, 0.9)} | {("AsyncFedED", 0.1), ("AsyncFedED K=5", 0.1)}
     for row in rows.values():

@@ -168,12 +168,12 @@ class Checkpoints:
     when a signal stops the run.
 
     ``every`` (chunks) and ``interval`` (seconds) are exclusive (:func:`asyncfl_jax.checkpoint.cadence`); with
-    neither, a checkpoint is saved once :data:`~asyncfl_jax.checkpoint.DEFAULT_INTERVAL` seconds (``clock()``, by
-    default ``time.monotonic``) have passed since the last one, checked after each chunk. A save during the run is
-    asynchronous (``asynchronous=True``): the state's arrays are handed to orbax and the next chunk runs while a
-    background thread writes the folder and then the record (:func:`asyncfl_jax.checkpoint.start_save`); the next
-    save, the end of the run and a signal wait for it first, so the record only ever names a finished state. The
-    saves after the last chunk and on a signal are waited for. The seconds the loop waits for saves are counted in
+    neither, a checkpoint is saved once :data:`~asyncfl_jax.checkpoint.DEFAULT_INTERVAL` seconds of the host's wall
+    clock (``now()``, by default ``time.monotonic``) have passed since the last one, checked after each chunk. A save
+    during the run is asynchronous (``asynchronous=True``): the state's arrays are handed to orbax and the next chunk
+    runs while a background thread writes the folder and then the record (:func:`asyncfl_jax.checkpoint.start_save`);
+    the next save, the end of the run and a signal wait for it first, so the record only ever names a finished state.
+    The saves after the last chunk and on a signal are waited for. The seconds the loop waits for saves are counted in
     the run time and reported as ``LoopState.checkpoint_seconds`` (``History.checkpoint_seconds``). ``at_end=False``
     leaves out the save after the last chunk (for a caller that saves the finished run's History itself, as
     ``asyncfl run`` does; a save under way is still finished).
@@ -185,10 +185,10 @@ class Checkpoints:
     """
 
     def __init__(self, directory: str, run: Any, every: int | None = None, interval: float | None = None, *,
-                 clock: Any = time.monotonic, asynchronous: bool = True, at_end: bool = True) -> None:
+                 now: Any = time.monotonic, asynchronous: bool = True, at_end: bool = True) -> None:
         self.directory, self.run, self.at_end = directory, run, at_end
         self.cadence = checkpoint.cadence(every, interval)
-        self.clock, self.asynchronous = clock, asynchronous
+        self.now, self.asynchronous = now, asynchronous
         placed, timeline = run.placed, run.timeline
         self.identity = checkpoint.run_identity(
             label=run.label, algorithm=run.algorithm, local=run.local, replicas=run.replicas,
@@ -198,7 +198,7 @@ class Checkpoints:
         self.saved_chunk: int | None = None  # next_chunk of the checkpoint on disk, if it is this run's state
         self.pending: checkpoint.PendingSave | None = None  # a save being written in the background
         self.pending_chunk: int | None = None
-        self.last_save = 0.0  # clock() when the last save started (or the loop started)
+        self.last_save = 0.0  # now() when the last save started (or the loop started)
         self._signals = contextlib.ExitStack()
         self.stop: Any = None
 
@@ -220,7 +220,7 @@ class Checkpoints:
             self.pending = checkpoint.start_save(self.directory, self.identity, loop.state, self.run.num_chunks,
                                                  asynchronous=self.asynchronous)
             self.pending_chunk = loop.state.next_chunk
-            self.last_save = self.clock()
+            self.last_save = self.now()
             if wait:
                 self.finish_pending()
         finally:
@@ -237,7 +237,7 @@ class Checkpoints:
 
     def on_start(self, loop: Any) -> None:
         del loop
-        self.last_save = self.clock()
+        self.last_save = self.now()
         self.stop = self._signals.enter_context(checkpoint.stop_on_signals(enabled=True))
 
     def on_chunk(self, loop: Any, update: Any) -> None:
@@ -246,7 +246,7 @@ class Checkpoints:
             self.finish_pending()  # a failed write is reported at the next chunk
         if self.stop.reason or (loop.finished and self.at_end):
             self.save(loop, wait=True)
-        elif self.cadence.due(loop.state.next_chunk, self.clock() - self.last_save):
+        elif self.cadence.due(loop.state.next_chunk, self.now() - self.last_save):
             self.save(loop, wait=False)
         if self.stop.reason:  # read again after the save: a signal that came during it is acted on now
             if self.saved_chunk != loop.state.next_chunk:

@@ -78,7 +78,6 @@ Fig. 3 metrics and the time to the common target against P) and ``ablation.png``
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import math
@@ -97,6 +96,7 @@ from asyncfl_jax.reproduce.curves import finite_mean_std, first_passage, mean_on
 from asyncfl_jax.reproduce.grid import command_main, replica_runs, run_grid, setting_seed
 from asyncfl_jax.reproduce.report import (distinct_seeds_problem, label_axes, pyplot, round_up, save_png,
                                           write_atomic, write_outputs, yes_no)
+from asyncfl_jax.reproduce.settings import ReproductionSettings
 from asyncfl_jax.reproduce.verdicts import (Verdict, compare, plot_methods, value_at_budget, verdict_json,
                                             verdict_lines)
 from asyncfl_jax.timing import DelayModel, all_active, build_past, steps_within, synchronous, wait_rounds
@@ -173,14 +173,83 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@dataclasses.dataclass(frozen=True)
+class AsyncfededSettings(ReproductionSettings):
+    """The settings of one AsyncFedED reproduction: the command line's options after :func:`parse_args` filled in
+    the defaults of ``--scale``, ``--quick``, ``--task`` and ``--sweep`` and checked them. Build it with
+    :func:`parse_settings` (a command line) or :meth:`from_keywords` (the options as keywords); both check it alike.
+
+    Attributes:
+        scale: ``cpu`` (Fashion-MNIST by default) or ``paper`` (Synthetic(1, 1), the paper's budget and P grid).
+        task: the task run: ``fashion_mnist`` or ``synthetic`` (``femnist`` / ``shakespeare`` are refused when the
+            data are checked: not in this project).
+        alpha: the Dirichlet concentration of Fashion-MNIST's label split; None for Synthetic(1, 1).
+        data_dir: the folder of Fashion-MNIST's IDX files; None: the usual places.
+        sweep: run the client learning-rate (and lambda) sweep and write ``sweep.md`` instead of the comparison.
+        quick: a smoke-sized run (the ``QUICK`` / ``CPU_QUICK`` defaults).
+        budget: the virtual-time budget every method gets.
+        probs: the suspension probabilities P, ascending, without repeats.
+        seeds: the timing seeds (distinct); replica (P_j, seed s) trains with seed ``setting_seed(j, s)``.
+        ablation_prob: the P of the constant-K ablation (the sweep's P with ``--sweep``).
+        ablation_k: the constant K values of the ablation (empty: no ablation).
+        target: the common absolute test accuracy of the time-to-target metric.
+        comm_time: the communication time of a job (one unit: the compute time of a 10-step job).
+        noise_sigma: the log-normal spread of the job times.
+        suspension_mean: the mean length of a suspension.
+        sync_suspensions: the synchronous rounds under suspensions: ``skip`` (a suspended client sits the round
+            out) or ``wait`` (the round waits for it).
+        evals: the evaluations per run within the budget (about).
+        methods: the methods compared (``METHODS`` names).
+        out: the output folder.
+        client_lrs: each method's client learning rate (Fashion-MNIST: ``CPU_LR``); None: the presets'.
+        feded_lambda: AsyncFedED's lambda (Fashion-MNIST: ``CPU_LAMBDA``); None: the preset's (Synthetic) or the
+            sweep's grid (``--sweep``).
+    """
+
+    scale: str
+    task: str
+    alpha: float | None
+    data_dir: str | None
+    sweep: bool
+    quick: bool
+    budget: float
+    probs: list[float]
+    seeds: list[int]
+    ablation_prob: float
+    ablation_k: list[int]
+    target: float
+    comm_time: float
+    noise_sigma: float
+    suspension_mean: float
+    sync_suspensions: str
+    evals: int
+    methods: list[str]
+    out: str
+    client_lrs: dict[str, float] | None
+    feded_lambda: float | None
+
+    @classmethod
+    def from_keywords(cls, **options: Any) -> AsyncfededSettings:
+        """The settings of the command line that gives ``options`` (``dest=value`` as the flags take them, e.g.
+        ``quick=True, task="synthetic", probs=[0.0, 0.9]``): the same defaults, filling and checks as
+        :func:`parse_args`; a refused value raises :class:`~asyncfl_jax.reproduce.settings.SettingsError` with the
+        command line's message."""
+        return cls._from_keywords(build_parser(), parse_args, options)
+
+
+def parse_settings(argv: list[str] | None = None) -> AsyncfededSettings:
+    """The settings of a command line (:func:`parse_args`; a bad argument exits with a usage error)."""
+    return AsyncfededSettings.from_args(parse_args(argv))
+
+
 # ------------------------------------------------------------------------------------------------ virtual time
-def delay_model(args: argparse.Namespace, prob: float, k_scale: float = 1.0) -> DelayModel:
+def delay_model(args: AsyncfededSettings, prob: float, k_scale: float = 1.0) -> DelayModel:
     """Homogeneous compute (speed ``k_scale``), log-normal job noise, a fixed communication time, suspensions."""
     return DelayModel(speed="constant", speed_value=k_scale, noise="lognormal", noise_sigma=args.noise_sigma,
                       comm_time=args.comm_time, suspension_prob=prob, suspension_mean=args.suspension_mean)
 
 
-def async_steps(args: argparse.Namespace, n: int, probs: list[float], seeds: list[int], k_scale: float = 1.0) -> int:
+def async_steps(args: AsyncfededSettings, n: int, probs: list[float], seeds: list[int], k_scale: float = 1.0) -> int:
     """Server steps an all-active run of jobs ``k_scale`` times as long as a 10-step job needs to pass the budget on
     every (P, seed): the event clock's events are then those of ``all_active`` (exact, not an estimate)."""
     needed = 1
@@ -194,7 +263,7 @@ def async_steps(args: argparse.Namespace, n: int, probs: list[float], seeds: lis
     return needed
 
 
-def sync_schedules(args: argparse.Namespace, n: int, probs: list[float], seeds: list[int]) -> list[Schedule]:
+def sync_schedules(args: AsyncfededSettings, n: int, probs: list[float], seeds: list[int]) -> list[Schedule]:
     """One synchronous schedule per (P, seed), all with the rounds that the slowest needs to pass the budget (so
     that they run as one vectorized program)."""
     def build(prob: float, seed: int, rounds: int) -> Schedule:
@@ -221,7 +290,7 @@ def local_config(preset: dict) -> tuple[LocalConfig, dict]:
 
 
 def run_group(task: Task, name: str, preset: dict, options: dict, hparams: dict, variants: list[tuple[str, dict]],
-              settings: list[tuple[float, int, int]], args: argparse.Namespace, k_scale: float = 1.0) -> list[dict]:
+              settings: list[tuple[float, int, int]], args: AsyncfededSettings, k_scale: float = 1.0) -> list[dict]:
     """Runs one compiled program: every (P, seed) setting x variant as a replica. ``variants`` are (label,
     hyper-parameter values) pairs; ``settings`` are (P, prob_index, seed), the replica's training seed
     ``setting_seed(prob_index, seed)``. Returns one record per replica with its evaluation times, accuracies and
@@ -259,7 +328,7 @@ def grid_replicas(settings: list[tuple[float, int, int]], variants: list[tuple[s
 
 
 def run_over_budget(task: Task, algorithm: Algorithm, name: str, settings: list[tuple[float, int, int]],
-                    variants: list[tuple[str, dict]], hparams: dict, local: LocalConfig, args: argparse.Namespace,
+                    variants: list[tuple[str, dict]], hparams: dict, local: LocalConfig, args: AsyncfededSettings,
                     k_scale: float, adaptive: bool) -> Any:
     """A program of the event clock (``settings``: (P, prob_index, seed)) whose every replica passes the budget:
     the steps that ``all_active`` needs (times ``ADAPTIVE_MARGIN`` for AsyncFedED's adaptive K), run again longer
@@ -294,16 +363,17 @@ def mean_k(history: History, r: int, budget: float) -> float | None:
     return float(within.mean()) if within.size else None
 
 
-def run_all(args: argparse.Namespace) -> list[dict]:
-    """Every program: AsyncFedED (main grid and ablation P), the constant-K ablation, the two FedAsyncs together and
-    FedAvg / FedProx together, on Synthetic(1, 1) with the paper's MLP."""
-    if args.task == CPU_TASK:
-        task = make_cpu_task(args)
-    else:
-        dataset = synthetic_leaf(num_clients=10, alpha=1.0, beta=1.0, seed=0)
-        model = make_model("mlp", dataset.input_shape, dataset.num_classes, seed=0, hidden=(200, 200))
-        task = make_task(dataset, dataset.natural_partition, model)
-    args.test_examples = int(task.test_y.shape[0])
+def make_synthetic_task() -> Task:
+    """LEAF's Synthetic(1, 1) over 10 clients (seed 0, its natural one-client-per-generator partition) with the
+    paper's MLP 60-200-200-10 (initial weights seed 0)."""
+    dataset = synthetic_leaf(num_clients=10, alpha=1.0, beta=1.0, seed=0)
+    model = make_model("mlp", dataset.input_shape, dataset.num_classes, seed=0, hidden=(200, 200))
+    return make_task(dataset, dataset.natural_partition, model)
+
+
+def run_all(args: AsyncfededSettings, task: Task) -> list[dict]:
+    """Every program on ``task`` (:func:`load_task`): AsyncFedED (main grid and ablation P), the constant-K
+    ablation, the two FedAsyncs together and FedAvg / FedProx together."""
     presets = {m: get_preset(f"asyncfeded/{preset_task(args)}/{PRESETS[m]}") for m in METHODS}
     lr = client_lr_of(args)
     probs = list(args.probs)
@@ -354,7 +424,7 @@ def run_metrics(rec: dict, budget: float, target: float) -> dict:
             "uploads_in_budget": int(uploads[-1])}
 
 
-def summarize(records: list[dict], args: argparse.Namespace) -> list[dict]:
+def summarize(records: list[dict], args: AsyncfededSettings) -> list[dict]:
     """Mean and std over seeds of every metric, per (method, P)."""
     groups: dict[tuple[str, float], list[dict]] = {}
     for rec in records:
@@ -395,7 +465,7 @@ def time_key(row: dict | None, key: str) -> float:
     return row[key]
 
 
-def direction_checks(rows: list[dict], args: argparse.Namespace) -> list[str]:
+def direction_checks(rows: list[dict], args: AsyncfededSettings) -> list[str]:
     """The paper's claims, checked on the measured means (yes / no per claim)."""
     at = {(r["method"], r["prob"]): r for r in rows}
     base = [m for m in BASELINES if m in args.methods]
@@ -431,8 +501,9 @@ def direction_checks(rows: list[dict], args: argparse.Namespace) -> list[str]:
     return out
 
 
-def format_table(rows: list[dict], args: argparse.Namespace) -> str:
-    """``table.md``: the Fig. 3 metrics per method and P, AsyncFedED's mean K, the Fig. 4 ablation and the claims."""
+def format_table(rows: list[dict], args: AsyncfededSettings, test_examples: int) -> str:
+    """``table.md`` (``test_examples``: the test set's size): the Fig. 3 metrics per method and P, AsyncFedED's
+    mean K, the Fig. 4 ablation and the claims."""
     at = {(r["method"], r["prob"]): r for r in rows}
     methods = [m for m in METHODS if m in args.methods]
     probs = args.probs
@@ -441,8 +512,8 @@ def format_table(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [f"AsyncFedED reproduction: {task_title(args)}, budget {args.budget:g} units "
              f"of virtual time (one unit: the compute time of a 10-step job; communication {args.comm_time:g}; "
              f"suspension mean {args.suspension_mean:g}; synchronous rounds: {args.sync_suspensions}), "
-             f"mean ± std over seeds {args.seeds}. The test set has {args.test_examples} examples (accuracy moves in "
-             f"steps of {1 / args.test_examples:.4f}).", ""]
+             f"mean ± std over seeds {args.seeds}. The test set has {test_examples} examples (accuracy moves in "
+             f"steps of {1 / test_examples:.4f}).", ""]
     sections = (("Max test accuracy within the budget", "max_accuracy", 4),
                 ("Time to reach 90% of its own max accuracy", "time_to_90pct_max", 2),
                 (f"Time to reach test accuracy {args.target:g} (k/n: reached by k of n seeds, mean over those)",
@@ -480,14 +551,14 @@ def format_table(rows: list[dict], args: argparse.Namespace) -> str:
 STYLES = {"AsyncFedED": "-", "FedAsync+Constant": "--", "FedAsync+Hinge": "--", "FedAvg": ":", "FedProx": "-."}
 
 
-def plot(records: list[dict], rows: list[dict], args: argparse.Namespace) -> list[str]:
+def plot(records: list[dict], rows: list[dict], args: AsyncfededSettings) -> list[str]:
     """The figures: ``accuracy.png``, ``metrics_vs_p.png`` and, with the ablation, ``ablation.png``."""
     written = [plot_accuracy(records, args), plot_metrics(rows, args)]
     ablation = plot_ablation(records, args)
     return written + ([ablation] if ablation else [])
 
 
-def plot_accuracy(records: list[dict], args: argparse.Namespace) -> str:
+def plot_accuracy(records: list[dict], args: AsyncfededSettings) -> str:
     """Test accuracy against virtual time, mean over seeds, one panel per P."""
     plt = pyplot()
     grid = np.linspace(0.0, args.budget, 400)
@@ -514,7 +585,7 @@ def plot_accuracy(records: list[dict], args: argparse.Namespace) -> str:
     return save_png(fig, args.out, "accuracy.png")
 
 
-def plot_metrics(rows: list[dict], args: argparse.Namespace) -> str:
+def plot_metrics(rows: list[dict], args: AsyncfededSettings) -> str:
     """The Fig. 3 metrics and the time to the common target against P."""
     plt = pyplot()
     methods = [m for m in METHODS if m in args.methods]
@@ -536,7 +607,7 @@ def plot_metrics(rows: list[dict], args: argparse.Namespace) -> str:
     return save_png(fig, args.out, "metrics_vs_p.png")
 
 
-def plot_ablation(records: list[dict], args: argparse.Namespace) -> str | None:
+def plot_ablation(records: list[dict], args: AsyncfededSettings) -> str | None:
     """Fig. 4: AsyncFedED's adaptive K against every constant K at the ablation's P (None without the ablation)."""
     plt = pyplot()
     grid = np.linspace(0.0, args.budget, 400)
@@ -559,10 +630,10 @@ def plot_ablation(records: list[dict], args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """The command: runs every program and writes ``table.md``, ``results.json`` and the figures to ``--out``; 2 for
     the paper's tasks that are not available."""
-    return command_main(argv, parse_args, run_command, report_command, load=check_task)
+    return command_main(argv, parse_settings, run_command, report_command, load=load_task)
 
 
-def check_task(args: argparse.Namespace) -> None:
+def check_task(args: AsyncfededSettings) -> None:
     """Synthetic(1, 1) and (cpu scale) Fashion-MNIST are available: the paper's other tasks, or Fashion-MNIST's
     missing files, raise ``DataUnavailable``."""
     if args.task == CPU_TASK:
@@ -577,14 +648,23 @@ def check_task(args: argparse.Namespace) -> None:
               "this project", file=sys.stderr)
 
 
-def write_report(args: argparse.Namespace, records: list[dict], seconds: float) -> str:
-    """``table.md``, ``results.json`` and the figures; returns the table."""
+def load_task(args: AsyncfededSettings) -> Task:
+    """The task of the runs, once the data are known to be there (:func:`check_task`): Fashion-MNIST
+    (:func:`make_cpu_task`) or Synthetic(1, 1) (:func:`make_synthetic_task`)."""
+    check_task(args)
+    return make_cpu_task(args) if args.task == CPU_TASK else make_synthetic_task()
+
+
+def write_report(args: AsyncfededSettings, records: list[dict], seconds: float, test_examples: int) -> str:
+    """``table.md``, ``results.json`` (the settings with the test set's size, ``test_examples``) and the figures;
+    returns the table."""
     rows = summarize(records, args)
     seconds = round(seconds, 1)
-    table = format_table(rows, args) + f"\nWall time: {seconds} s.\n"
+    table = format_table(rows, args, test_examples) + f"\nWall time: {seconds} s.\n"
     verdicts = cpu_verdicts(records, args) if args.task == CPU_TASK else {}
     table += "".join("\n" + "\n".join(verdict_lines(vs, title)) for title, vs in verdicts.items())
-    write_outputs(args.out, table, {"args": vars(args), "results": rows, "checks": direction_checks(rows, args),
+    write_outputs(args.out, table, {"args": {**vars(args), "test_examples": test_examples},
+                                    "results": rows, "checks": direction_checks(rows, args),
                                     "runs": records, "seconds": seconds,
                                     "verdicts": {t: [verdict_json(v) for v in vs] for t, vs in verdicts.items()}})
     plot(records, rows, args)
@@ -683,34 +763,34 @@ def scale_defaults(args: argparse.Namespace) -> dict:
     return defaults
 
 
-def preset_task(args: argparse.Namespace) -> str:
+def preset_task(args: AsyncfededSettings) -> str:
     """The presets' task: Fashion-MNIST runs the Synthetic column's hyper-parameters (its own learning rates)."""
     return "synthetic" if args.task == CPU_TASK else args.task
 
 
-def client_lr_of(args: argparse.Namespace) -> Callable[[str], dict]:
+def client_lr_of(args: AsyncfededSettings) -> Callable[[str], dict]:
     """``method -> {"client_lr": value}`` for the methods with their own learning rate (Fashion-MNIST), else ``{}``
     (the preset's)."""
-    lrs = getattr(args, "client_lrs", None) or {}
+    lrs = args.client_lrs or {}
     return lambda method: {"client_lr": lrs[method]} if method in lrs else {}
 
 
-def feded_lambda_of(args: argparse.Namespace) -> dict:
+def feded_lambda_of(args: AsyncfededSettings) -> dict:
     """``{"feded_lambda": value}`` when the task sets AsyncFedED's lambda (Fashion-MNIST), else ``{}`` (the
     preset's)."""
-    value = getattr(args, "feded_lambda", None)
+    value = args.feded_lambda
     return {} if value is None else {"feded_lambda": value}
 
 
-def asyncfeded_variants(args: argparse.Namespace) -> list[tuple[str, dict]]:
+def asyncfeded_variants(args: AsyncfededSettings) -> list[tuple[str, dict]]:
     """AsyncFedED's replicas per (P, seed): one, or in the sweep one per lambda of :data:`LAMBDA_GRID` (labelled
     ``AsyncFedED lambda=V``)."""
-    if getattr(args, "sweep", False):
+    if args.sweep:
         return [(f"AsyncFedED lambda={lam:g}", {"feded_lambda": lam}) for lam in LAMBDA_GRID]
     return [("AsyncFedED", feded_lambda_of(args))]
 
 
-def task_title(args: argparse.Namespace) -> str:
+def task_title(args: AsyncfededSettings) -> str:
     """The task in words, for the tables and figures."""
     if args.task == CPU_TASK:
         return (f"Fashion-MNIST, {CPU_CLIENTS} clients Dir({args.alpha:g}), MLP 784-"
@@ -718,7 +798,7 @@ def task_title(args: argparse.Namespace) -> str:
     return "Synthetic(1, 1), 10 clients, MLP 60-200-200-10"
 
 
-def make_cpu_task(args: argparse.Namespace) -> Task:
+def make_cpu_task(args: AsyncfededSettings) -> Task:
     """Fashion-MNIST (IDX files; all 60,000 training examples, pixels / 255) over :data:`CPU_CLIENTS` clients with
     a Dirichlet(``args.alpha``) label split drawn once (seed 0, shared by every seed and method), the MLP
     784-200-200-10 (initial weights seed 0), and :data:`CPU_TEST_EXAMPLES` test examples drawn once (seed 0; the
@@ -732,26 +812,37 @@ def make_cpu_task(args: argparse.Namespace) -> Task:
     return make_task(dataset, parts, model, train_eval_size=CPU_TRAIN_EVAL_EXAMPLES)
 
 
-def run_command(args: argparse.Namespace, _: Any) -> Any:
-    """The runs of the command: the learning-rate sweep (``--sweep``) or the comparison."""
-    return run_sweep(args) if getattr(args, "sweep", False) else run_all(args)
+@dataclasses.dataclass(frozen=True)
+class Runs:
+    """What the command ran: every run's record, and the size of the test set they were evaluated on (the table
+    states it, and ``results.json`` keeps it with the settings as ``args.test_examples``)."""
+
+    records: list[dict]
+    test_examples: int
 
 
-def report_command(args: argparse.Namespace, results: Any, seconds: float) -> str:
+def run_command(args: AsyncfededSettings, task: Task) -> Runs:
+    """The runs of the command on ``task`` (:func:`load_task`): the learning-rate sweep (``--sweep``) or the
+    comparison."""
+    records = run_sweep(args, task) if args.sweep else run_all(args, task)
+    return Runs(records, int(task.test_y.shape[0]))
+
+
+def report_command(args: AsyncfededSettings, runs: Runs, seconds: float) -> str:
     """The report of the command: ``sweep.md`` (``--sweep``) or the comparison's ``table.md``, JSON and figures."""
-    return write_sweep_report(args, results, seconds) if getattr(args, "sweep", False) else write_report(
-        args, results, seconds)
+    if args.sweep:
+        return write_sweep_report(args, runs.records, seconds)
+    return write_report(args, runs.records, seconds, runs.test_examples)
 
 
 # ------------------------------------------------------------------------------------------------ cpu: the sweep
-def run_sweep(args: argparse.Namespace) -> list[dict]:
+def run_sweep(args: AsyncfededSettings, task: Task) -> list[dict]:
     """Every method at every client learning rate of :data:`LR_GRID` (one comparison per value, every method at
     it), tagged with ``client_lr``."""
     records = []
     for lr in LR_GRID:
-        at = copy.copy(args)
-        at.client_lrs = {m: lr for m in METHODS}
-        records += [{**r, "client_lr": lr} for r in run_all(at)]
+        at = dataclasses.replace(args, client_lrs={m: lr for m in METHODS})
+        records += [{**r, "client_lr": lr} for r in run_all(at, task)]
     return records
 
 
@@ -771,7 +862,7 @@ def sweep_choice(by_lr: dict[float, list[float]]) -> float:
                                               if np.any(np.isfinite(by_lr[lr])) else -math.inf))
 
 
-def write_sweep_report(args: argparse.Namespace, records: list[dict], seconds: float) -> str:
+def write_sweep_report(args: AsyncfededSettings, records: list[dict], seconds: float) -> str:
     """``sweep.md`` and ``sweep.json``: per method, the score of every learning rate (mean ± std over the sweep
     seeds, in %) and the choice; returns the table."""
     scores = sweep_scores(records, args.budget)
@@ -820,7 +911,7 @@ PAPER_FASTER = "faster at every P (Figs. 2, 3, 5-14; curves, no numbers)"
 PAPER_ABLATION = "adaptive K faster and smoother than K = 5, 10, 15, 20 (Fig. 4; curves)"
 
 
-def cpu_verdicts(records: list[dict], args: argparse.Namespace) -> dict[str, list[Verdict]]:
+def cpu_verdicts(records: list[dict], args: AsyncfededSettings) -> dict[str, list[Verdict]]:
     """The verdict tables of the Fashion-MNIST comparison, ``{title: verdicts}``:
 
     * per P: AsyncFedED above each baseline at the end of the budget, at equal uploads, virtual time and local steps
@@ -878,7 +969,7 @@ def cpu_verdicts(records: list[dict], args: argparse.Namespace) -> dict[str, lis
     return out
 
 
-def plot_cpu_figures(records: list[dict], args: argparse.Namespace) -> list[str]:
+def plot_cpu_figures(records: list[dict], args: AsyncfededSettings) -> list[str]:
     """``claims_p<P>.png`` per P (every method) and ``claims_ablation.png`` (adaptive against constant K): one line
     per method with a min-max band over the seeds against uploads, virtual time and local steps, cut at the budget
     (:func:`asyncfl_jax.reproduce.verdicts.plot_methods`)."""

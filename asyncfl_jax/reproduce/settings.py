@@ -1,7 +1,7 @@
 """The settings of a reproduction as one typed, frozen value.
 
-Each reproduction module (``ace``, ``ca2fl``, ``area``, ``asynflc_ef``, ``bias_correction``, ``compression``; not
-yet ``asyncfeded``) has a frozen dataclass of its settings (``AceSettings``, ``Ca2flSettings``...) whose fields are the
+Each reproduction module (``ace``, ``ca2fl``, ``area``, ``asynflc_ef``, ``asyncfeded``, ``bias_correction``,
+``compression``) has a frozen dataclass of its settings (``AceSettings``, ``Ca2flSettings``...) whose fields are the
 command line's options, named as their ``--flags`` with ``_`` for ``-``, after the module's parse step has filled in
 the defaults that depend on other options (``--scale``, ``--quick``) and normalized them, plus what that step derives
 (e.g. ACE's ``lr_override``). Every function of the module takes that value, or the two or three numbers it needs.
