@@ -47,6 +47,7 @@ differ) and of the minibatch shuffle (which uses ``key`` itself); models without
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -256,6 +257,38 @@ def _shuffled_order(key: jax.Array, count: jax.Array, size: int, needed: int) ->
     return jax.lax.top_k(scores, min(needed, size))[1]
 
 
+def _check_local_update(config: LocalConfig, output: str, max_steps: int | None,
+                        differentiable_steps: bool) -> None:
+    """The arguments of :func:`make_local_update` that cannot work together, refused before anything is traced."""
+    config.validate()
+    if output not in ("delta", "gradient"):
+        raise ValueError(f"output must be 'delta' or 'gradient', got {output!r}")
+    if differentiable_steps and max_steps is None:
+        raise ValueError("differentiable_steps applies to a per-job number of local steps (max_steps); without it the "
+                         "loop has a fixed trip count and is differentiable as it is")
+    if max_steps is not None:
+        if output != "delta" or config.epochs is not None:
+            raise ValueError("a per-job number of local steps needs output='delta' and local.epochs unset")
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be an integer >= 1, got {max_steps!r}")
+
+
+def _minibatch(batch: int | None, data: ClientData, client: jax.Array, order: jax.Array | None, count: jax.Array,
+               k: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Local step ``k``'s minibatch of ``client`` (features, labels, weights): the examples at positions
+    ``k B .. k B + B - 1`` (mod ``n_i``) of the job's random ``order``; ``batch=None``: every example, padding
+    masked."""
+    if batch is None:  # full batch: every example, padding masked out
+        rows = data.indices[client]
+        weights = (jnp.arange(data.max_size) < count).astype(jnp.float32)
+        return data.features[rows], data.labels[rows], weights
+    positions = (k * batch + jnp.arange(batch)) % count
+    rows = data.indices[client, order[positions]]
+    # A client with fewer than B examples uses each once per step (the wrapped-around repeats get weight 0).
+    weights = (jnp.arange(batch) < count).astype(jnp.float32)
+    return data.features[rows], data.labels[rows], weights
+
+
 def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
                       max_steps: int | None = None, loss: Loss | None = None,
                       differentiable_steps: bool = False) -> LocalFn:
@@ -281,31 +314,10 @@ def make_local_update(model: Model, config: LocalConfig, output: str = "delta",
     """
     loss = CLASSIFICATION if loss is None else loss
     uses_dropout = model.train_apply is not None
-    config.validate()
-    if output not in ("delta", "gradient"):
-        raise ValueError(f"output must be 'delta' or 'gradient', got {output!r}")
-    if differentiable_steps and max_steps is None:
-        raise ValueError("differentiable_steps applies to a per-job number of local steps (max_steps); without it the "
-                         "loop has a fixed trip count and is differentiable as it is")
-    if max_steps is not None:
-        if output != "delta" or config.epochs is not None:
-            raise ValueError("a per-job number of local steps needs output='delta' and local.epochs unset")
-        if not isinstance(max_steps, int) or max_steps < 1:
-            raise ValueError(f"max_steps must be an integer >= 1, got {max_steps!r}")
+    _check_local_update(config, output, max_steps, differentiable_steps)
     batch = config.batch_size
     examples_needed = (1 if output == "gradient" else max(config.steps, max_steps or 0)) * (batch or 0)
-
-    def minibatch(data: ClientData, client: jax.Array, order: jax.Array, count: jax.Array, k: jax.Array):
-        size = data.max_size
-        if batch is None:  # full batch: every example, padding masked out
-            rows = data.indices[client]
-            weights = (jnp.arange(size) < count).astype(jnp.float32)
-            return data.features[rows], data.labels[rows], weights
-        positions = (k * batch + jnp.arange(batch)) % count
-        rows = data.indices[client, order[positions]]
-        # A client with fewer than B examples uses each once per step (the wrapped-around repeats get weight 0).
-        weights = (jnp.arange(batch) < count).astype(jnp.float32)
-        return data.features[rows], data.labels[rows], weights
+    minibatch = functools.partial(_minibatch, batch)
 
     # The iterate's form inside the loop: per layer with the built-in SGD chain (elementwise, so the same arithmetic);
     # a custom optimizer sees the flat vector, as it always has (a layer-wise one, e.g. LARS, would otherwise change).
