@@ -34,9 +34,11 @@ import numpy as np
 
 # On a CPU, replicas are grouped so that a group's local training per server step is about this many FLOPs: below
 # it the vmap's savings on the per-step overhead win, above it the lost threading and cache do. Measured on 2 cores
-# (docs/benchmarks.md, "Replicas"): FedBuff logistic regression (150 MFLOP per step) was fastest in groups of 4, the
-# MLP (3.8 GFLOP) one replica at a time, ACE at n = 1,000 (1.5 MFLOP) with every replica together.
-CPU_GROUP_FLOPS = 6e8
+# (docs/benchmarks.md, "Replicas" and "Issue 24 leftovers"): the MLP (3.8 GFLOP per step) is fastest one replica at a
+# time, ACE at n = 1,000 (1.5 MFLOP) with every replica together, and FedBuff logistic regression (about 160 MFLOP)
+# one at a time on an idle machine since each group keeps its own carry (R = 8: groups of 1 0.98x one replica, of 2-4
+# 0.74-0.84x, all vmapped 0.86x; it had been groups of 4 when every group copied its state in and out).
+CPU_GROUP_FLOPS = 1.5e8
 
 
 def local_flops_per_step(num_params: int, jobs_per_step: float, steps: int, batch_size: int) -> float:
