@@ -7,8 +7,8 @@ replicas ``g`` at a time: the host calls one compiled program, the vmapped chunk
 call reads its group's slice of the per-replica inputs. The whole carry is joined only where every replica is read at
 once (a checkpoint, the History; the evaluation joins the server states alone).
 Each replica's arithmetic is that of the vmapped program of ``g`` replicas, so the results equal the plain vmap up to
-float rounding (a batched matmul may sum in another order). The initialization (the first jobs, an initialization round) stays one vmapped program over
-every replica: it runs once.
+float rounding (a batched matmul may sum in another order). The initialization (the first jobs, an initialization
+round) stays one vmapped program over every replica: it runs once.
 
 Why on a CPU (docs/benchmarks.md, "Replicas"): one replica's chunk already keeps the cores busy through the threading
 of its larger operations, while a vmap over replicas turns its matmuls into batched small ones that run on one thread

@@ -291,9 +291,10 @@ def output_decision(cfg: ExperimentConfig, overwrite: bool = False, resume: bool
     read first, so that a change while it is judged is caught by :meth:`OutputDecision.confirm` too."""
     check_output_paths(cfg)
     seen = folder_state(cfg.output)
+    status = output_status(cfg)
     if continue_unfinished and not overwrite and not resume:
-        resume = output_status(cfg).kind == "unfinished"
-    kind = _decide(cfg, overwrite, resume, check_lock)
+        resume = status.kind == "unfinished"
+    kind = _decide(cfg, status, overwrite, resume, check_lock)
     return OutputDecision(cfg.output, kind, comparable(cfg.to_dict()), seen)
 
 
@@ -314,10 +315,9 @@ def decide_output(cfg: ExperimentConfig, overwrite: bool = False, resume: bool =
     return output_decision(cfg, overwrite=overwrite, resume=resume, check_lock=check_lock).kind
 
 
-def _decide(cfg: ExperimentConfig, overwrite: bool, resume: bool, check_lock: bool) -> str:
-    """The rules of :func:`decide_output` (``cfg``'s paths checked)."""
+def _decide(cfg: ExperimentConfig, status: OutputStatus, overwrite: bool, resume: bool, check_lock: bool) -> str:
+    """The rules of :func:`decide_output` (``cfg``'s paths checked; ``status``: what its folder holds, read once)."""
     out = cfg.output
-    status = output_status(cfg)
     if status.kind == "not_a_folder":
         raise ConfigError(f"invalid option --out = {out!r}: it exists and is not a folder")
     if check_lock:  # (the processes of a multi-process run other than process 0, which holds the lock, do not)
