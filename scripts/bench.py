@@ -462,7 +462,8 @@ def print_scaling(sc: dict[str, Any]) -> None:
 
 def print_replicas(rp: dict[str, Any]) -> None:
     print("replicas: total arrivals/s of R replicas / one replica on one device (= R replicas together / the R run "
-          "one by one), best chunk; vmapped on one device | spread over the host devices (shard_replicas)")
+          "one by one), best chunk, each row against one replica timed right before it; default grouping on one "
+          "device | spread over the host devices (shard_replicas)")
     for name, block in rp.items():
         print(f"  {name} (n={block['num_clients']}, {block.get('devices', 1)} devices):")
         for r in block["rows"]:
@@ -472,10 +473,12 @@ def print_replicas(rp: dict[str, Any]) -> None:
                              + (f" = {r[f'{k}fraction_of_matmul']:.0%} of matmul" if f"{k}fraction_of_matmul" in r
                                 else "") + f" ({'sharded' if k else 'one device'})"
                              for k in ("", "sharded_") if f"{k}local_gflops" in r)
+            paired = (f" [vs one replica timed right before: {r['paired_one_seconds_per_step'] * 1e3:.2f} ms/step]"
+                      if "paired_one_seconds_per_step" in r else "")
             print(f"    R={r['replicas']:>2}: one device {r['seconds_per_step'] * 1e3:8.2f} ms/step "
                   f"{r['throughput_vs_one']:5.2f}x"
                   + (f" (CPU time {r['cpu_throughput_vs_one']:5.2f}x)" if "cpu_throughput_vs_one" in r else "")
-                  + f"{sharded}{gflops}")
+                  + f"{sharded}{gflops}{paired}")
     print(RULE)
 
 

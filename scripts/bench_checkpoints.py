@@ -45,8 +45,8 @@ TARGET_RATIO = 1.05  # default checkpoints: at most 1.05x the wall time of no ch
 
 # Per mode and workload: (server steps, eval_every, repeats, also time a save after every chunk).
 PLANS = {
-    "full": {"fedbuff_mlp": (600, 20, 2, True), "ace": (3000, 100, 2, True), "logreg_10k": (10_000, 10, 2, False)},
-    "quick": {"fedbuff_mlp": (200, 20, 2, True), "ace": (1000, 100, 2, True), "logreg_10k": (3000, 10, 2, False)},
+    "full": {"fedbuff_mlp": (600, 20, 2, True), "ace": (3000, 100, 5, True), "logreg_10k": (10_000, 10, 2, False)},
+    "quick": {"fedbuff_mlp": (200, 20, 2, True), "ace": (1000, 100, 4, True), "logreg_10k": (3000, 10, 2, False)},
     "smoke": {"fedbuff_mlp": (4, 2, 1, True), "ace": (10, 5, 1, True), "logreg_10k": (20, 5, 1, False)},
     "long": {"fedbuff_mlp_long": (3000, 20, 3, False)},
 }

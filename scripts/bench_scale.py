@@ -72,7 +72,7 @@ PLANS = {
         "ace": {"chunk": 500, "chunks": 5, "baseline": 1000, "lookaheads": (8, 32, 64), "num_clients": 1000},
         "ca2fl": {"chunk": 100, "chunks": 4, "baseline": 100, "num_clients": 100},
         "scaling": {"ns": (100, 1000, 10_000, 100_000), "ace": (200, 4), "ca2fl": (15, 4), "real_init_max_n": 1000},
-        "replicas": {"counts": (1, 2, 4, 8, 16, 32, 64), "fedbuff": (10, 5), "fedbuff_mlp": (4, 3), "ace": (200, 4),
+        "replicas": {"counts": (1, 2, 4, 8, 16, 32, 64), "fedbuff": (10, 5), "fedbuff_mlp": (6, 4), "ace": (200, 4),
                      "ace_clients": 1000},
         "compile": {"arrivals": None},
     },
@@ -81,7 +81,7 @@ PLANS = {
         "ca2fl": {"chunk": 50, "chunks": 3, "baseline": 50, "num_clients": 100},
         "scaling": {"ns": (100, 10_000), "ace": (200, 3), "ca2fl": (10, 3), "real_init_max_n": 1000,
                     "sharded_jobs": False, "int8_at_largest": False},
-        "replicas": {"counts": (1, 8, 16), "fedbuff": (10, 3), "fedbuff_mlp": (3, 3), "ace": (100, 3),
+        "replicas": {"counts": (1, 8, 16), "fedbuff": (10, 5), "fedbuff_mlp": (6, 3), "ace": (100, 3),
                      "ace_clients": 1000},
         "compile": {"arrivals": 600},  # the same programs as the default's 3,000 (chunks of T / 30 steps), run shorter
     },
@@ -769,17 +769,50 @@ def _replica_setup(name: str, ds: Dataset, T: int, plan: dict[str, Any]):
     return algorithm, local, schedule, {k: v for k, v in hparams.items() if k != "client_lr"}, task, n, zero_init
 
 
+def _replica_row(task, algorithm, local, schedule, chunk_len: int, replicas, shard: str | None,
+                 replica_batch: int | None, zero_init: bool, flops_job: float, probe=None) -> dict[str, Any]:
+    """One placement of ``replicas`` timed by :func:`bench_engine`: the best timed chunk's wall time per server step
+    and the other figures a row of :func:`run_replicas` reports (keys without a placement prefix)."""
+    gc.collect()
+    reset_peak_rss()
+    eng = bench_engine(task, algorithm, local, schedule, chunk_len, replicas, shard=shard, full_eval=False,
+                       zero_init=zero_init, replica_batch=replica_batch)
+    eng.pop("_params_after_first_chunk", None)
+    best = min(eng["chunk_seconds"])
+    out = {"seconds_per_step": best / chunk_len,  # the best timed chunk
+           "mean_seconds_per_step": eng["seconds_per_step"], "updates_per_second": eng["updates_per_second"],
+           "compile_seconds": eng["compile_seconds"], "cpu_seconds_per_upload": eng["cpu_seconds_per_upload"],
+           "peak_rss_bytes": peak_rss_bytes(), "replica_batch": eng["replica_batch"],
+           "timed_steps": eng["timed_steps"], "state_bytes": sum(
+               eng["memory_budget"][k] for k in ("server_bytes", "clients_bytes", "pending_bytes"))}
+    if not math.isnan(flops_job):
+        jobs_per_chunk = len(replicas) * eng["timed_computed_jobs"] / max(len(eng["chunk_seconds"]), 1)
+        out["local_gflops"] = flops_job * jobs_per_chunk / best / 1e9
+        if probe is not None:
+            out["matmul_gflops"] = probe()
+            out["fraction_of_matmul"] = out["local_gflops"] / out["matmul_gflops"]
+    jax.clear_caches()
+    return out
+
+
 def run_replicas(ds: Dataset, plan: dict[str, Any], probe=None) -> dict[str, Any]:
     """Throughput as the replica axis grows (a seed x learning-rate sweep), measured in one process.
 
-    For every count R: the best timed chunk's wall time per server step with the R replicas vmapped on one device
-    and, when there are several (host) devices and they divide R, with the replica axis spread over them
-    (``shard_replicas``, one XLA device per core, as ``simulate(shard_replicas=True)``). Reported as ratios:
+    For every count R: the best timed chunk's wall time per server step with the default grouping on one device
+    (the engine's choice for the backend), with every replica vmapped together, and, when there are several (host)
+    devices and they divide R, with the replica axis spread over them (``shard_replicas``, one XLA device per core, as
+    ``simulate(shard_replicas=True)``). Every row R > 1 is paired with one replica timed again right before it, so
+    that a change of the machine's speed between rows (minutes apart; wall times of one replica moved by 7-50% between
+    rows on the 2-core machine) does not pass for a difference between R replicas and one. Reported as ratios:
 
     * ``throughput_vs_one`` = (total arrivals/s of R replicas) / (arrivals/s of one replica on one device)
-      = R t_1 / t_R; the same number is "R replicas together vs the R run one by one" (R runs of one replica take
-      R t_1: same shapes, compiled once);
-    * ``best_throughput_vs_one``: the better of the two placements (what a user gets with the right option).
+      = R t_1 / t_R, with t_1 the one replica timed right before the row (``paired_one_seconds_per_step``); the same
+      number is "R replicas together vs the R run one by one" (R runs of one replica take R t_1: same shapes,
+      compiled once); ``throughput_vs_first_one`` uses the first row's t_1 instead (what the ratio was before the
+      pairing);
+    * ``cpu_throughput_vs_one``: the same in process CPU time per upload (all threads), against the paired one;
+    * ``best_throughput_vs_one``: the better of the default and ``shard_replicas`` (what a user gets with the right
+      option).
 
     With ``probe`` (a matmul-rate probe), every row of the MLP workload also gives its local-training GFLOP/s and the
     fraction of the matmul rate measured right after it."""
@@ -791,45 +824,43 @@ def run_replicas(ds: Dataset, plan: dict[str, Any], probe=None) -> dict[str, Any
         algorithm, local, schedule, fixed, task, n, zero_init = _replica_setup(name, ds, T, plan)
         flops_job = local_flops_per_job(task.model, task_arrays(task).train, local, task.loss) \
             if name == "fedbuff_mlp" else math.nan
+
+        def measure(replicas, shard, replica_batch, probe=probe):
+            return _replica_row(task, algorithm, local, schedule, chunk_len, replicas, shard, replica_batch,
+                                zero_init, flops_job, probe)
+
         rows = []
         for count in plan["counts"]:
             replicas = replica_list(algorithm, count, fixed)
             row = {"replicas": count}
+            if count > 1:  # one replica again, right before the row: the pair the ratios compare
+                one_again = measure(replica_list(algorithm, 1, fixed), None, None, probe=None)
+                row["paired_one_seconds_per_step"] = one_again["seconds_per_step"]
+                row["paired_one_cpu_seconds_per_upload"] = one_again["cpu_seconds_per_upload"]
             # the default (the engine's grouping for the backend), the plain vmap of every replica, the replicas
             # spread over the devices
             variants = [(None, None, "")] + ([(None, count, "vmap_")] if count > 1 else []) + (
                 [("replicas", None, "sharded_")] if ndev > 1 and count > 1 and count % ndev == 0 else [])
             for shard, replica_batch, key in variants:
-                gc.collect()
-                reset_peak_rss()
-                eng = bench_engine(task, algorithm, local, schedule, chunk_len, replicas, shard=shard,
-                                   full_eval=False, zero_init=zero_init, replica_batch=replica_batch)
-                eng.pop("_params_after_first_chunk", None)
-                best = min(eng["chunk_seconds"])
-                row.update({f"{key}seconds_per_step": best / chunk_len,  # the best timed chunk
-                            f"{key}mean_seconds_per_step": eng["seconds_per_step"],
-                            f"{key}updates_per_second": eng["updates_per_second"],
-                            f"{key}compile_seconds": eng["compile_seconds"],
-                            f"{key}cpu_seconds_per_upload": eng["cpu_seconds_per_upload"],
-                            f"{key}peak_rss_bytes": peak_rss_bytes()})
-                if name == "fedbuff_mlp":
-                    jobs_per_chunk = count * eng["timed_computed_jobs"] / max(len(eng["chunk_seconds"]), 1)
-                    row[f"{key}local_gflops"] = flops_job * jobs_per_chunk / best / 1e9
-                    if probe is not None:
-                        row[f"{key}matmul_gflops"] = probe()
-                        row[f"{key}fraction_of_matmul"] = row[f"{key}local_gflops"] / row[f"{key}matmul_gflops"]
+                got = measure(replicas, shard, replica_batch)
+                for field in ("replica_batch", "timed_steps", "state_bytes"):
+                    value = got.pop(field)
+                    if key == "" and field == "replica_batch":
+                        row["default_replica_batch"] = value
+                    elif shard is None and key == "":
+                        row[field] = value
+                row.update({f"{key}{k}": v for k, v in got.items()})
                 if key == "":
-                    row["default_replica_batch"] = eng["replica_batch"]
-                if shard is None:
-                    row.update({"shard": None, "timed_steps": eng["timed_steps"], "state_bytes": sum(
-                        eng["memory_budget"][k] for k in ("server_bytes", "clients_bytes", "pending_bytes"))})
-                jax.clear_caches()
+                    row["shard"] = None
             rows.append(row)
-            one = rows[0]["seconds_per_step"]
+            one = row.get("paired_one_seconds_per_step", row["seconds_per_step"])
+            one_cpu = row.get("paired_one_cpu_seconds_per_upload", row["cpu_seconds_per_upload"])
+            first = rows[0]["seconds_per_step"]
             row["relative_to_one"] = row["seconds_per_step"] / one
             row["throughput_vs_one"] = count * one / row["seconds_per_step"]
+            row["throughput_vs_first_one"] = count * first / row["seconds_per_step"]
             # the same ratio in process CPU time per upload (all threads): steadier than wall time on a shared machine
-            row["cpu_throughput_vs_one"] = rows[0]["cpu_seconds_per_upload"] / row["cpu_seconds_per_upload"]
+            row["cpu_throughput_vs_one"] = one_cpu / row["cpu_seconds_per_upload"]
             if "sharded_seconds_per_step" in row:
                 row["sharded_throughput_vs_one"] = count * one / row["sharded_seconds_per_step"]
             if "vmap_seconds_per_step" in row:
@@ -841,9 +872,11 @@ def run_replicas(ds: Dataset, plan: dict[str, Any], probe=None) -> dict[str, Any
                     f"{row['vmap_throughput_vs_one']:5.2f}x" if "vmap_throughput_vs_one" in row else "")
             sharded = (f"; over {ndev} devices {row['sharded_seconds_per_step'] * 1e3:8.2f} ms/step = "
                        f"{row['sharded_throughput_vs_one']:5.2f}x" if "sharded_throughput_vs_one" in row else "")
+            paired = (f" [one replica right before: {one * 1e3:.2f} ms/step; vs the first row's "
+                      f"{row['throughput_vs_first_one']:5.2f}x]" if count > 1 else "")
             log(f"  [{name} R={count:>2}] one device {row['seconds_per_step'] * 1e3:8.2f} ms/step: total arrivals/s "
                 f"= {row['throughput_vs_one']:5.2f}x one replica (per CPU-second {row['cpu_throughput_vs_one']:5.2f}x)"
-                f"{vmap}{sharded}")
+                f"{vmap}{sharded}{paired}")
         out[name] = {"num_clients": n, "rows": rows, "steps": {"chunk": chunk_len, "chunks": chunks},
                      "devices": ndev, "local_flops_per_job": flops_job}
     return out

@@ -123,10 +123,15 @@ def test_bench_scale_parts_run_in_the_smallest_mode_and_write_their_json(tmp_pat
     replicas = res["replicas"]["ace"]["rows"]
     assert [r["replicas"] for r in replicas] == [1, 2] and replicas[0]["relative_to_one"] == 1.0
     one, two = replicas
-    assert two["throughput_vs_one"] == pytest.approx(2 * one["seconds_per_step"] / two["seconds_per_step"])
+    # R = 2 is compared with one replica timed again right before it (paired); the first row's time is kept beside
+    paired = two["paired_one_seconds_per_step"]
+    assert paired > 0 and "paired_one_seconds_per_step" not in one
+    assert two["throughput_vs_one"] == pytest.approx(2 * paired / two["seconds_per_step"])
+    assert two["throughput_vs_first_one"] == pytest.approx(2 * one["seconds_per_step"] / two["seconds_per_step"])
+    assert two["cpu_throughput_vs_one"] == pytest.approx(
+        two["paired_one_cpu_seconds_per_upload"] / two["cpu_seconds_per_upload"])
     if res["replicas"]["ace"]["devices"] == 2:  # (with 2 host devices R = 2 is also run with shard_replicas)
-        assert two["sharded_throughput_vs_one"] == pytest.approx(
-            2 * one["seconds_per_step"] / two["sharded_seconds_per_step"])
+        assert two["sharded_throughput_vs_one"] == pytest.approx(2 * paired / two["sharded_seconds_per_step"])
     assert two["best_throughput_vs_one"] == max(two["throughput_vs_one"], two.get("sharded_throughput_vs_one", 0.0))
     compiled = res["compile"]
     assert compiled["runs"] and compiled["runs"][0]["algorithm"] == "fedbuff"
