@@ -26,6 +26,12 @@ SCRIPT = textwrap.dedent(
     np.testing.assert_allclose(spread.final_params, one.final_params, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(spread.metrics["test_loss"], one.metrics["test_loss"], rtol=1e-5)
     print("sharded == single device")
+    # shard_jobs places the data, hyper-parameters and keys on every device once, before the first chunk (left on
+    # one device, each chunk call copied the whole dataset to the others)
+    from asyncfl_jax.engine import prepare_run
+    run = prepare_run(task, fedbuff(), schedule, kw["local"], seeds=[0, 1], eval_every=10, shard_jobs=True)
+    for leaf in jax.tree_util.tree_leaves((run.placed.data, run.placed.hp, run.placed.keys, run.placed.inputs)):
+        assert leaf.sharding.is_fully_replicated and len(leaf.sharding.device_set) == 4, leaf.sharding
 
     # the replica axis over the 4 devices: 2 seeds x 2 learning rates, one per device
     sweep = dict(kw, hparams={"client_lr": [0.05, 0.2]})
