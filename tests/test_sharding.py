@@ -32,6 +32,8 @@ SCRIPT = textwrap.dedent(
     run = prepare_run(task, fedbuff(), schedule, kw["local"], seeds=[0, 1], eval_every=10, shard_jobs=True)
     for leaf in jax.tree_util.tree_leaves((run.placed.data, run.placed.hp, run.placed.keys, run.placed.inputs)):
         assert leaf.sharding.is_fully_replicated and len(leaf.sharding.device_set) == 4, leaf.sharding
+    budget = run.budget()  # the state and the data are held by each of the 4 devices (on a CPU, in one memory)
+    assert budget.devices == 4 and budget.per_device == budget.state + budget.data + budget.activations, budget
 
     # the replica axis over the 4 devices: 2 seeds x 2 learning rates, one per device
     sweep = dict(kw, hparams={"client_lr": [0.05, 0.2]})
@@ -182,21 +184,22 @@ CLIENTS_SCRIPT = textwrap.dedent(
             pass
         def close(self):
             pass
-    ref = simulate(task, A.ca2fl(), buffered, shard_clients=True, **kw)
-    folder = tempfile.mkdtemp()
-    bar = engine.callbacks.progress_bar
-    engine.callbacks.progress_bar = lambda *a, **k: StopAt(2)
-    try:
-        simulate(task, A.ca2fl(), buffered, shard_clients=True, checkpoint_dir=folder, **kw)
-    except SimulationInterrupted as e:
-        assert e.saved and e.step == 16, (e.saved, e.step)
-    else:
-        raise AssertionError("the run should have been interrupted")
-    engine.callbacks.progress_bar = bar
-    resumed = simulate(task, A.ca2fl(), buffered, shard_clients=True, checkpoint_dir=folder, resume=True, **kw)
-    assert resumed.final_params.tobytes() == ref.final_params.tobytes()
-    for k in ref.metrics:
-        assert resumed.metrics[k].tobytes() == ref.metrics[k].tobytes(), k
+    for spread in ({"shard_clients": True}, {"shard_jobs": True}):  # (shard_jobs: a replicated state, restored so)
+        ref = simulate(task, A.ca2fl(), buffered, **spread, **kw)
+        folder = tempfile.mkdtemp()
+        bar = engine.callbacks.progress_bar
+        engine.callbacks.progress_bar = lambda *a, **k: StopAt(2)
+        try:
+            simulate(task, A.ca2fl(), buffered, checkpoint_dir=folder, **spread, **kw)
+        except SimulationInterrupted as e:
+            assert e.saved and e.step == 16, (e.saved, e.step)
+        else:
+            raise AssertionError("the run should have been interrupted")
+        engine.callbacks.progress_bar = bar
+        resumed = simulate(task, A.ca2fl(), buffered, checkpoint_dir=folder, resume=True, **spread, **kw)
+        assert resumed.final_params.tobytes() == ref.final_params.tobytes(), spread
+        for k in ref.metrics:
+            assert resumed.metrics[k].tobytes() == ref.metrics[k].tobytes(), (spread, k)
     print("sharded clients resume")
 
     # n must split over the devices; one axis at a time
