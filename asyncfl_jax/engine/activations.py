@@ -101,16 +101,12 @@ def run_activation_bytes(run: Any) -> int:
     """The activations of one local step of a prepared :class:`~asyncfl_jax.engine.loop.Run` on the most loaded
     device: its model and batch (``local.batch_size``, or the largest client's examples for full batch), the jobs of
     its widest server step as its executor trains them, and the replicas a chunk computes together (``replica_batch``,
-    else all of them, spread over the devices of a placement)."""
+    else all of them, spread over the devices of a placement that splits the state: :func:`devices_of`)."""
     task, local = run.task, run.local
     per_example = activation_bytes_per_example(task.model.flat_apply, task.model.flat_params,
                                                task.train.features[0])
     batch = local.batch_size or int(task.train.indices.shape[1])
     schedules = getattr(run.timeline, "schedules", None)
     jobs = max(int(np.max(s.uploads_per_step, initial=1)) for s in schedules) if schedules else 1
-    replicas = run.replica_batch or len(run.replicas)
-    carry = run.placed.carry
-    if carry is not None:
-        devices = len(jax.tree_util.tree_leaves(carry)[0].device_set)
-        replicas = -(-replicas // devices)
+    replicas = -(-(run.replica_batch or len(run.replicas)) // devices_of(run.placement))
     return local_step_activation_bytes(per_example, batch, jobs_in_parallel(run.options, jobs), replicas)

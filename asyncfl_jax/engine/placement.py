@@ -72,6 +72,15 @@ class Placement:
         return part
 
 
+def _replicated_inputs(carry: Any, everywhere: Any, hp: Any, keys: Any, data: Any, inputs: Any) -> Placed:
+    """The run's inputs placed with ``everywhere`` (a copy on every device, made once before the first chunk) and the
+    carry with the shardings ``carry``, which the init and chunk programs also give their outputs (the chunk's
+    records replicated)."""
+    hp, keys, data, inputs = put_global((hp, keys, data, inputs), everywhere)
+    return Placed(hp, keys, data, inputs, carry=carry, init_jit={"out_shardings": carry},
+                  chunk_jit={"out_shardings": (carry, everywhere)})
+
+
 def _mesh(axis: str) -> Any:
     from jax.sharding import Mesh
 
@@ -110,12 +119,10 @@ class ShardJobs(Placement):
         from jax.sharding import NamedSharding, PartitionSpec
 
         everywhere = NamedSharding(_mesh("jobs"), PartitionSpec())
-        hp, keys, data, inputs = put_global((hp, keys, data, inputs), everywhere)
         # The state is replicated as well (every device runs the server's part of the step): said explicitly, so
         # that the memory budget counts a copy per device and a restored checkpoint goes straight to every device.
-        carry = jax.tree_util.tree_map(lambda _: everywhere, carry_shape)
-        return Placed(hp, keys, data, inputs, carry=carry, init_jit={"out_shardings": carry},
-                      chunk_jit={"out_shardings": (carry, everywhere)})
+        return _replicated_inputs(jax.tree_util.tree_map(lambda _: everywhere, carry_shape), everywhere, hp, keys,
+                                  data, inputs)
 
 
 def replica_shardings(num_replicas: int) -> tuple[Any, Any]:
@@ -241,9 +248,7 @@ class ShardClients(Placement):
         n = program.num_clients
         flags = per_client_leaves(program.algorithm, data.x0, n)
         carry, everywhere = client_shardings(carry_shape, *flags, n, program.store.slot_leaves(carry_shape.store))
-        hp, keys, data, inputs = put_global((hp, keys, data, inputs), everywhere)
-        return Placed(hp, keys, data, inputs, carry=carry, init_jit={"out_shardings": carry},
-                      chunk_jit={"out_shardings": (carry, everywhere)})
+        return _replicated_inputs(carry, everywhere, hp, keys, data, inputs)
 
     def place_chunk(self, part: Any, chunk_axes: Any) -> Any:
         del chunk_axes
