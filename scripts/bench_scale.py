@@ -843,15 +843,10 @@ def run_replicas(ds: Dataset, plan: dict[str, Any], probe=None) -> dict[str, Any
                 [("replicas", None, "sharded_")] if ndev > 1 and count > 1 and count % ndev == 0 else [])
             for shard, replica_batch, key in variants:
                 got = measure(replicas, shard, replica_batch)
-                for field in ("replica_batch", "timed_steps", "state_bytes"):
-                    value = got.pop(field)
-                    if key == "" and field == "replica_batch":
-                        row["default_replica_batch"] = value
-                    elif shard is None and key == "":
-                        row[field] = value
+                grouping, steps, state = (got.pop(k) for k in ("replica_batch", "timed_steps", "state_bytes"))
                 row.update({f"{key}{k}": v for k, v in got.items()})
-                if key == "":
-                    row["shard"] = None
+                if key == "":  # the default placement's own facts
+                    row.update(shard=None, default_replica_batch=grouping, timed_steps=steps, state_bytes=state)
             rows.append(row)
             one = row.get("paired_one_seconds_per_step", row["seconds_per_step"])
             one_cpu = row.get("paired_one_cpu_seconds_per_upload", row["cpu_seconds_per_upload"])
